@@ -1,0 +1,120 @@
+"""Plain dataclasses for one snapshot of a host: what discovery returns and placement consumes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BACKEND_MDEV = "mdev"
+BACKEND_NVIDIA_VF = "nvidia-vf"
+BACKEND_PASSTHROUGH = "passthrough"
+BACKEND_MIG = "mig"
+
+
+@dataclass
+class Sriov:
+    totalvfs: int
+    numvfs: int
+    vfs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Gpu:
+    address: str
+    vendor_id: str  # "10de"
+    device_id: str
+    subsystem_vendor_id: str | None
+    subsystem_device_id: str | None
+    class_code: str  # "0x030200"
+    name: str
+    driver: str | None
+    numa_node: int
+    iommu_group: int | None
+    physfn: str | None
+    sriov: Sriov | None
+    backends: list[str]
+    current_vgpu_type: int | None = None  # NVIDIA vendor-specific VF interface only
+    nvml: dict[str, Any] | None = None
+
+    @property
+    def is_vf(self) -> bool:
+        return self.physfn is not None
+
+    @property
+    def physical(self) -> str:
+        """The physical GPU this function belongs to (itself for a PF)."""
+        return self.physfn or self.address
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if d.get("nvml") is None:
+            d.pop("nvml", None)
+        return d
+
+
+@dataclass
+class VgpuType:
+    parent: str  # PCI address or virtual parent name (mtty)
+    type: str  # nvidia-232, mtty-1, i915-GVTg_V5_4
+    name: str  # GRID T4-4Q
+    description: str
+    device_api: str
+    available_instances: int
+    backend: str  # mdev | nvidia-vf
+    params: dict[str, str] = field(default_factory=dict)
+    gpu: str | None = None  # physical GPU address (PF), None for virtual parents
+    framebuffer_mb: int | None = None
+    max_instance: int | None = None
+    series: str | None = None
+    mig_slices: int | None = None
+
+    @property
+    def short_name(self) -> str:
+        return self.name.split()[-1] if self.name else self.type
+
+    def matches(self, wanted: str) -> bool:
+        """A type may be named by id (nvidia-232), full name (GRID T4-4Q) or short name (T4-4Q)."""
+        w = wanted.strip()
+        return w in (self.type, self.name, self.short_name) or w.lower() == self.name.lower()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Mdev:
+    uuid: str
+    parent: str
+    type: str
+    iommu_group: int | None
+    gpu: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class VfVgpu:
+    """A vGPU on NVIDIA's vendor-specific VF interface: the VF with a non-zero current_vgpu_type."""
+
+    address: str
+    type: str  # nvidia-<id>
+    name: str | None
+    gpu: str  # physfn
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Inventory:
+    gpus: list[Gpu]
+    types: list[VgpuType]
+    mdevs: list[Mdev]
+    vf_vgpus: list[VfVgpu]
+
+    def gpu(self, address: str) -> Gpu | None:
+        return next((g for g in self.gpus if g.address == address), None)
+
+    def types_of(self, parent: str) -> list[VgpuType]:
+        return [t for t in self.types if t.parent == parent]
