@@ -1,0 +1,21 @@
+"""Persistence: models, engine/session setup and migrations, and the small store API the service uses."""
+
+from vgpumgr.db.session import (
+    current_revision,
+    default_db_url,
+    downgrade,
+    get_engine,
+    make_engine,
+    session_factory,
+    upgrade,
+)
+
+__all__ = [
+    "current_revision",
+    "default_db_url",
+    "downgrade",
+    "get_engine",
+    "make_engine",
+    "session_factory",
+    "upgrade",
+]

@@ -1,0 +1,265 @@
+"""SQLAlchemy models: what vgpumgr remembers about hosts, GPUs, vGPUs, VMs, licences and the audit trail.
+
+Several hosts may share one (PostgreSQL) database, so every host-local row carries `host_id`.
+Licence pools are not host-local: one pool of seats serves every host that shares the database.
+The partial unique indexes on `allocations` are what make a double allocation impossible, whatever
+the code above them gets wrong.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Date,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+ALLOC_RESERVED = "reserved"
+ALLOC_ACTIVE = "active"
+ALLOC_RELEASED = "released"
+ALLOC_STATES = (ALLOC_RESERVED, ALLOC_ACTIVE, ALLOC_RELEASED)
+LIVE_STATES = (ALLOC_RESERVED, ALLOC_ACTIVE)
+
+UNIT_VM = "vm"
+UNIT_GPU = "gpu"
+
+OUTCOME_OK = "ok"
+OUTCOME_FAILED = "failed"
+OUTCOME_WARNING = "warning"
+OUTCOMES = (OUTCOME_OK, OUTCOME_FAILED, OUTCOME_WARNING)
+
+GENESIS_HASH = "0" * 64
+
+# The same predicate on both dialects: a row holds its device while it is reserved or active.
+_LIVE = text("state IN ('reserved', 'active')")
+_HELD = text("released_at IS NULL")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in Python on every dialect.
+
+    SQLite has no time zones: store naive UTC there and put the zone back on the way out, so a value
+    read back equals the value written (the audit hash depends on it)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; use an aware UTC datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Gpu(Base):
+    """A physical GPU (a PF or a whole passthrough device), identified per host by PCI address."""
+
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("host_id", "address", name="uq_gpus_host_address"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    address: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(255), default="")
+    uuid: Mapped[str | None] = mapped_column(String(64))
+    serial: Mapped[str | None] = mapped_column(String(64))
+    vendor_id: Mapped[str | None] = mapped_column(String(8))
+    device_id: Mapped[str | None] = mapped_column(String(8))
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    host: Mapped[Host] = relationship(lazy="joined")
+
+
+class VgpuTypeEntry(Base):
+    """The static catalogue of vGPU types a GPU model supports (type ids are model-local)."""
+
+    __tablename__ = "vgpu_types"
+    __table_args__ = (
+        UniqueConstraint("host_id", "gpu_model", "type_id", name="uq_vgpu_types_host_model_type"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    gpu_model: Mapped[str] = mapped_column(String(255))
+    type_id: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(255))
+    backend: Mapped[str] = mapped_column(String(32))
+    series: Mapped[str | None] = mapped_column(String(1))
+    framebuffer_mb: Mapped[int | None] = mapped_column(Integer)
+    max_instances: Mapped[int | None] = mapped_column(Integer)
+    mig_slices: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Vm(Base):
+    __tablename__ = "vms"
+    __table_args__ = (UniqueConstraint("host_id", "name", name="uq_vms_host_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    uuid: Mapped[str | None] = mapped_column(String(36))
+    state: Mapped[str] = mapped_column(String(32), default="defined")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class LicencePool(Base):
+    __tablename__ = "licence_pools"
+    __table_args__ = (
+        CheckConstraint("seats >= 0", name="ck_licence_pools_seats"),
+        CheckConstraint("unit IN ('vm', 'gpu')", name="ck_licence_pools_unit"),
+        CheckConstraint("edition IN ('vApps', 'vPC', 'vCS', 'vWS')", name="ck_licence_pools_edition"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    edition: Mapped[str] = mapped_column(String(8))
+    seats: Mapped[int] = mapped_column(Integer)
+    unit: Mapped[str] = mapped_column(String(8))
+    expires: Mapped[date | None] = mapped_column(Date)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    def expired(self, today: date) -> bool:
+        return self.expires is not None and self.expires < today
+
+
+class LicenceLease(Base):
+    """One seat taken from a pool. `holder` is the seat's identity inside the pool ("vm:<id>" or
+    "vm:<id>/gpu:<id>"), unique among held leases so one VM never holds two seats for one need."""
+
+    __tablename__ = "licence_leases"
+    __table_args__ = (
+        Index("uq_licence_leases_held", "pool_id", "holder", unique=True,
+              sqlite_where=_HELD, postgresql_where=_HELD),
+        Index("ix_licence_leases_vm", "vm_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pool_id: Mapped[int] = mapped_column(ForeignKey("licence_pools.id", ondelete="RESTRICT"))
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"))
+    gpu_id: Mapped[int | None] = mapped_column(ForeignKey("gpus.id", ondelete="SET NULL"))
+    holder: Mapped[str] = mapped_column(String(64))
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    pool: Mapped[LicencePool] = relationship(lazy="joined")
+
+
+class Allocation(Base):
+    """One vGPU (or passthrough device) handed, or about to be handed, to a VM."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (
+        CheckConstraint("state IN ('reserved', 'active', 'released')", name="ck_allocations_state"),
+        UniqueConstraint("host_id", "idempotency_key", name="uq_allocations_host_idem"),
+        # A live mdev UUID, or a live PCI function (SR-IOV VF / passthrough GPU), belongs to one allocation.
+        Index("uq_allocations_live_uuid", "host_id", "uuid", unique=True,
+              sqlite_where=_LIVE, postgresql_where=_LIVE),
+        Index("uq_allocations_live_pci", "host_id", "pci_address", unique=True,
+              sqlite_where=_LIVE, postgresql_where=_LIVE),
+        Index("ix_allocations_host_state", "host_id", "state"),
+        Index("ix_allocations_vm", "vm_id"),
+        Index("ix_allocations_lease", "lease_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    uuid: Mapped[str | None] = mapped_column(String(36))  # mdev UUID; None for VF/passthrough
+    pci_address: Mapped[str | None] = mapped_column(String(16))  # VF or passthrough function
+    backend: Mapped[str] = mapped_column(String(32))
+    parent: Mapped[str] = mapped_column(String(64))  # mdev parent or the VF's PF
+    gpu_id: Mapped[int | None] = mapped_column(ForeignKey("gpus.id", ondelete="SET NULL"))
+    type_id: Mapped[str] = mapped_column(String(64))  # nvidia-232, mtty-1, passthrough
+    type_name: Mapped[str | None] = mapped_column(String(255))
+    series: Mapped[str | None] = mapped_column(String(16))
+    vm_id: Mapped[int | None] = mapped_column(ForeignKey("vms.id", ondelete="SET NULL"))
+    lease_id: Mapped[int | None] = mapped_column(ForeignKey("licence_leases.id", ondelete="SET NULL"))
+    state: Mapped[str] = mapped_column(String(16), default=ALLOC_RESERVED)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    activated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+class AuditEvent(Base):
+    """Append-only. `hash` = sha256(prev_hash + canonical JSON of the other fields); see vgpumgr.audit."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        CheckConstraint("outcome IN ('ok', 'failed', 'warning')", name="ck_audit_events_outcome"),
+        Index("ix_audit_events_at", "at"),
+        Index("ix_audit_events_vm", "vm"),
+        Index("ix_audit_events_gpu", "gpu"),
+    )
+
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                     autoincrement=False)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    host: Mapped[str] = mapped_column(String(255))
+    actor: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(16))
+    gpu: Mapped[str | None] = mapped_column(String(64))
+    vm: Mapped[str | None] = mapped_column(String(64))
+    vgpu: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class AuditHead(Base):
+    """A single row (id 1): the last event's seq and hash. Appends lock it, which serializes the chain."""
+
+    __tablename__ = "audit_head"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_audit_head_single"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    hash: Mapped[str] = mapped_column(String(64))

@@ -1,0 +1,151 @@
+"""Engines, sessions and schema migrations.
+
+SQLite gets WAL (readers never wait for the writer), a busy timeout, foreign keys, and
+`BEGIN IMMEDIATE` for every transaction: a transaction that starts by reading and later writes
+cannot then fail with "database is locked" halfway, and audit appends are serialized. PostgreSQL
+needs none of this; it is used as given by its URL.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from vgpumgr.errors import InvalidInput
+from vgpumgr.locking import state_dir
+
+DB_FILE = "vgpumgr.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def default_db_url() -> str:
+    """$VGPUMGR_DB, else SQLite in the state dir (/var/lib/vgpumgr as root, else the user's state dir)."""
+    env = os.environ.get("VGPUMGR_DB")
+    if env:
+        return env
+    return f"sqlite:///{state_dir() / DB_FILE}"
+
+
+def _check_url(url: str) -> Any:
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # sqlalchemy raises ArgumentError, but be tolerant of odd input
+        raise InvalidInput(f"'{url}' is not a database URL",
+                           hint="use sqlite:////path/to/vgpumgr.db or postgresql://user@host/dbname") from exc
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise InvalidInput(f"database '{parsed.get_backend_name()}' is not supported",
+                           hint="use a sqlite:/// or postgresql:// URL")
+    return parsed
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" hook issue BEGIN itself
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        # In WAL mode NORMAL stays consistent after a crash; only the last commits may be lost on power loss.
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
+    """A new engine for `url` (default: default_db_url()), with the SQLite settings applied."""
+    url = url or default_db_url()
+    parsed = _check_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not db.startswith("file:"):
+            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, **kwargs)
+        _sqlite_setup(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The process-wide engine for `url` (created once)."""
+    url = url or default_db_url()
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = _engines[url] = make_engine(url)
+        return engine
+
+
+def dispose_engines() -> None:
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
+def session_factory(url_or_engine: str | Engine | None = None) -> sessionmaker[Session]:
+    """Sessions whose objects stay usable after commit (the service hands rows on to the caller)."""
+    engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def _alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        raise InvalidInput(f"the migrations directory {MIGRATIONS_DIR} is missing",
+                           hint="reinstall vgpumgr from its source tree")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def _run(url_or_engine: str | Engine | None, fn: Any, *args: Any) -> None:
+    engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
+    cfg = _alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        fn(cfg, *args)
+
+
+def upgrade(url: str | Engine | None = None, rev: str = "head") -> None:
+    """Bring the schema to `rev` (default: the newest). Safe to run on every start."""
+    from alembic import command
+
+    _run(url, command.upgrade, rev)
+
+
+def downgrade(url: str | Engine | None, rev: str) -> None:
+    """Take the schema back to `rev` ("base" drops everything vgpumgr created)."""
+    from alembic import command
+
+    _run(url, command.downgrade, rev)
+
+
+def current_revision(url: str | Engine | None = None) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    engine = url if isinstance(url, Engine) else get_engine(url)
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
