@@ -145,9 +145,13 @@ class Virt:
                 raise
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def define(self, xml: str, replace: bool = False) -> str:
-        """Define a persistent domain; returns its name. Conflict when the name exists (unless replace)."""
+    def define(self, xml: str, replace: bool = False, validate: bool = True) -> str:
+        """Define a persistent domain; returns its name. Conflict when the name exists (unless replace).
+
+        The XML is checked with domain.validate() first, for readable errors before libvirt's."""
         name = domxml.parse_xml(xml).findtext("name") if xml else None
+        if validate:
+            domxml.validate(xml)
         if not name:
             raise InvalidInput("the domain XML has no <name>", hint="render it with vgpumgr.domain.render()")
         if not replace and self.exists(name):
