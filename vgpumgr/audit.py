@@ -1,0 +1,235 @@
+"""Append-only, hash-chained audit events.
+
+Each event stores the previous event's hash and its own: sha256(prev_hash + canonical JSON of the
+event). Appending reads and updates one head row (seq, hash) under a lock, so it costs three
+statements however long the chain is, and two writers can never both extend the same head.
+`verify` walks the chain and names the first event that was altered, deleted or inserted.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from vgpumgr.db.models import GENESIS_HASH, OUTCOMES, AuditEvent, AuditHead, utcnow
+from vgpumgr.errors import InvalidInput
+
+# Action names used across vgpumgr (free text is allowed; these keep reports greppable).
+VGPU_CREATE = "vgpu.create"
+VGPU_REMOVE = "vgpu.remove"
+PLACEMENT = "placement"
+VM_DEFINE = "vm.define"
+VM_UNDEFINE = "vm.undefine"
+VM_START = "vm.start"
+VM_STOP = "vm.stop"
+LICENCE_POOL_ADD = "licence.pool.add"
+LICENCE_POOL_CHANGE = "licence.pool.change"
+LICENCE_POOL_REMOVE = "licence.pool.remove"
+LICENCE_ACQUIRE = "licence.acquire"
+LICENCE_RELEASE = "licence.release"
+RECONCILE = "reconcile"
+
+FIELDS = ("seq", "at", "host", "actor", "action", "outcome", "gpu", "vm", "vgpu", "error", "detail",
+          "prev_hash", "hash")
+MAX_PROBLEMS = 100
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _canonical_detail(detail: Any) -> Any:
+    """What the database will give back: plain JSON types only (others become strings)."""
+    if detail is None:
+        return None
+    try:
+        return json.loads(json.dumps(detail, default=str, allow_nan=False))
+    except ValueError as exc:
+        raise InvalidInput("audit detail is not valid JSON", hint=str(exc)) from exc
+
+
+def event_hash(prev_hash: str, *, seq: int, at: datetime, host: str, actor: str, action: str, outcome: str,
+               gpu: str | None, vm: str | None, vgpu: str | None, error: str | None, detail: Any) -> str:
+    body = {
+        "seq": seq, "at": _iso(at), "host": host, "actor": actor, "action": action, "outcome": outcome,
+        "gpu": gpu, "vm": vm, "vgpu": vgpu, "error": error, "detail": detail,
+    }
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256((prev_hash + canonical).encode()).hexdigest()
+
+
+def _hash_of(ev: Any) -> str:
+    return event_hash(ev.prev_hash, seq=ev.seq, at=ev.at, host=ev.host, actor=ev.actor,
+                      action=ev.action, outcome=ev.outcome, gpu=ev.gpu, vm=ev.vm, vgpu=ev.vgpu,
+                      error=ev.error, detail=ev.detail)
+
+
+def append(session: Session, *, actor: str, action: str, outcome: str, host: str, gpu: str | None = None,
+           vm: str | None = None, vgpu: str | None = None, error: str | BaseException | None = None,
+           detail: dict[str, Any] | None = None, at: datetime | None = None) -> AuditEvent:
+    """Add one event to the chain inside the caller's transaction (it commits with the change it records).
+
+    Locks the chain head until that transaction ends: on PostgreSQL with SELECT ... FOR UPDATE, on
+    SQLite through vgpumgr's BEGIN IMMEDIATE transactions."""
+    if outcome not in OUTCOMES:
+        raise InvalidInput(f"audit outcome '{outcome}' is not one of {', '.join(OUTCOMES)}")
+    if not actor or not action or not host:
+        raise InvalidInput("an audit event needs an actor, an action and a host")
+    if isinstance(error, BaseException):
+        error = str(error)
+    at = (at or utcnow()).astimezone(UTC)
+    detail = _canonical_detail(detail)
+    head_seq, head_hash = session.execute(
+        select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1).with_for_update()
+    ).one()
+    seq = head_seq + 1
+    digest = event_hash(head_hash, seq=seq, at=at, host=host, actor=actor, action=action, outcome=outcome,
+                        gpu=gpu, vm=vm, vgpu=vgpu, error=error, detail=detail)
+    event = AuditEvent(seq=seq, at=at, host=host, actor=actor, action=action, outcome=outcome, gpu=gpu, vm=vm,
+                       vgpu=vgpu, error=error, detail=detail, prev_hash=head_hash, hash=digest)
+    session.add(event)
+    session.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=seq, hash=digest))
+    return event
+
+
+def head(session: Session) -> tuple[int, str]:
+    """(seq, hash) of the newest event; write it somewhere else to detect a rewrite of the whole chain."""
+    seq, digest = session.execute(select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1)).one()
+    return seq, digest
+
+
+@dataclass
+class Problem:
+    seq: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"event {self.seq}: {self.reason}"
+
+
+@dataclass
+class VerifyResult:
+    checked: int
+    head_seq: int
+    head_hash: str
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def first_bad_seq(self) -> int | None:
+        return self.problems[0].seq if self.problems else None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def message(self) -> str:
+        if self.ok:
+            return f"audit chain intact: {self.checked} events, head {self.head_seq} {self.head_hash[:16]}"
+        return "audit chain broken: " + "; ".join(str(p) for p in self.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checked": self.checked, "head_seq": self.head_seq,
+                "head_hash": self.head_hash,
+                "problems": [{"seq": p.seq, "reason": p.reason} for p in self.problems]}
+
+
+def verify(session: Session) -> VerifyResult:
+    """Walk the whole chain. Names each event that was altered, deleted or slipped in."""
+    head_row = session.execute(select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1)).one_or_none()
+    head_seq, head_hash = head_row if head_row else (-1, "")
+    result = VerifyResult(checked=0, head_seq=head_seq, head_hash=head_hash)
+    problems = result.problems
+
+    def report(seq: int, reason: str) -> None:
+        if len(problems) < MAX_PROBLEMS:
+            problems.append(Problem(seq, reason))
+
+    if head_row is None:
+        report(0, "the chain head row is missing (audit_head was emptied)")
+    expected_seq, expected_prev = 1, GENESIS_HASH
+    # Plain rows, not ORM objects: the session's identity map must not hide what is really stored.
+    stmt = select(*AuditEvent.__table__.c).order_by(AuditEvent.seq).execution_options(yield_per=2000)
+    for ev in session.execute(stmt):
+        result.checked += 1
+        own_ok = _hash_of(ev) == ev.hash
+        if ev.seq > expected_seq:
+            gap = f"{expected_seq}" if ev.seq == expected_seq + 1 else f"{expected_seq}..{ev.seq - 1}"
+            report(expected_seq, f"missing: event(s) {gap} were deleted")
+        elif ev.prev_hash != expected_prev and own_ok:
+            # This event is intact, so the one before it was rewritten (content and hash both changed).
+            report(ev.seq - 1, f"altered: its hash no longer matches what event {ev.seq} recorded")
+        if not own_ok:
+            report(ev.seq, "altered: its content does not match its hash")
+        expected_seq, expected_prev = ev.seq + 1, ev.hash
+    last_seq = expected_seq - 1
+    if head_row is not None:
+        if head_seq > last_seq:
+            gap = f"{last_seq + 1}" if head_seq == last_seq + 1 else f"{last_seq + 1}..{head_seq}"
+            report(last_seq + 1, f"missing: event(s) {gap} were deleted from the end of the chain")
+        elif head_seq < last_seq:
+            report(head_seq + 1, "inserted: events after the recorded head were added outside vgpumgr")
+        elif head_hash != expected_prev:
+            report(last_seq, "altered: the newest event's hash differs from the recorded head")
+    return result
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def query(session: Session, *, vm: str | None = None, gpu: str | None = None, vgpu: str | None = None,
+          host: str | None = None, actor: str | None = None, action: str | None = None,
+          outcome: str | None = None, since: datetime | None = None, until: datetime | None = None,
+          limit: int | None = None, newest_first: bool = False) -> list[AuditEvent]:
+    """Events matching every given filter; `since` inclusive, `until` exclusive (naive times are UTC)."""
+    stmt = select(AuditEvent)
+    for column, value in ((AuditEvent.vm, vm), (AuditEvent.gpu, gpu), (AuditEvent.vgpu, vgpu),
+                          (AuditEvent.host, host), (AuditEvent.actor, actor), (AuditEvent.action, action),
+                          (AuditEvent.outcome, outcome)):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if since is not None:
+        stmt = stmt.where(AuditEvent.at >= _aware(since))
+    if until is not None:
+        stmt = stmt.where(AuditEvent.at < _aware(until))
+    stmt = stmt.order_by(AuditEvent.seq.desc() if newest_first else AuditEvent.seq)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return list(session.scalars(stmt))
+
+
+def to_dict(ev: AuditEvent) -> dict[str, Any]:
+    return {
+        "seq": ev.seq, "at": _iso(ev.at), "host": ev.host, "actor": ev.actor, "action": ev.action,
+        "outcome": ev.outcome, "gpu": ev.gpu, "vm": ev.vm, "vgpu": ev.vgpu, "error": ev.error,
+        "detail": ev.detail, "prev_hash": ev.prev_hash, "hash": ev.hash,
+    }
+
+
+def to_json(events: Iterable[AuditEvent], indent: int | None = 2) -> str:
+    return json.dumps([to_dict(ev) for ev in events], indent=indent, ensure_ascii=False)
+
+
+def to_csv(events: Iterable[AuditEvent], fields: Sequence[str] = FIELDS) -> str:
+    """One row per event; `detail` as compact JSON, empty cells for missing values."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(fields)
+    for ev in events:
+        d = to_dict(ev)
+        if d["detail"] is not None:
+            d["detail"] = json.dumps(d["detail"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        writer.writerow(["" if d[f] is None else d[f] for f in fields])
+    return out.getvalue()

@@ -1,0 +1,284 @@
+"""The small repository API the service uses. Every function works inside the caller's Session and
+transaction and never commits: the service decides what goes together (change + audit event).
+
+Host-local functions take the host as a Host row or its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from vgpumgr import ids, licensing
+from vgpumgr.db.models import (
+    ALLOC_ACTIVE,
+    ALLOC_RELEASED,
+    ALLOC_RESERVED,
+    ALLOC_STATES,
+    LIVE_STATES,
+    Allocation,
+    Gpu,
+    Host,
+    LicenceLease,
+    VgpuTypeEntry,
+    Vm,
+    utcnow,
+)
+from vgpumgr.errors import Conflict, InvalidInput
+from vgpumgr.model import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+
+BACKENDS = (BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_MIG)
+PASSTHROUGH_TYPE = "passthrough"
+
+
+def _id(row_or_id: Any) -> int:
+    return row_or_id if isinstance(row_or_id, int) else row_or_id.id
+
+
+def _insert_ignore(session: Session, model: type, values: dict[str, Any], keys: list[str]) -> None:
+    """INSERT that does nothing if the unique key exists (two hosts/processes may race on first sight)."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(model).values(**values).on_conflict_do_nothing(index_elements=keys))
+
+
+# -- hosts, GPUs, types, VMs -------------------------------------------------------------------------
+
+def upsert_host(session: Session, name: str) -> Host:
+    if not name or len(name) > 255:
+        raise InvalidInput(f"'{name}' is not a usable host name", hint="use the machine's hostname")
+    host = session.scalar(select(Host).where(Host.name == name))
+    if host is None:
+        now = utcnow()
+        _insert_ignore(session, Host, {"name": name, "created_at": now, "last_seen": now}, ["name"])
+        host = session.scalars(select(Host).where(Host.name == name)).one()
+    else:
+        host.last_seen = utcnow()
+    return host
+
+
+def get_host(session: Session, name: str) -> Host | None:
+    return session.scalar(select(Host).where(Host.name == name))
+
+
+def upsert_gpu(session: Session, host: Host | int, address: str, *, model: str = "", uuid: str | None = None,
+               serial: str | None = None, vendor_id: str | None = None, device_id: str | None = None) -> Gpu:
+    """Record a physical GPU; known facts (UUID, serial) are kept when a later scan lacks them."""
+    address = ids.pci_address(address)
+    host_id = _id(host)
+    gpu = gpu_by_address(session, host_id, address)
+    now = utcnow()
+    if gpu is None:
+        _insert_ignore(session, Gpu, {"host_id": host_id, "address": address, "model": model, "uuid": uuid,
+                                      "serial": serial, "vendor_id": vendor_id, "device_id": device_id,
+                                      "first_seen": now, "last_seen": now}, ["host_id", "address"])
+        return session.scalars(select(Gpu).where(Gpu.host_id == host_id, Gpu.address == address)).one()
+    gpu.last_seen = now
+    gpu.model = model or gpu.model
+    gpu.uuid = uuid or gpu.uuid
+    gpu.serial = serial or gpu.serial
+    gpu.vendor_id = vendor_id or gpu.vendor_id
+    gpu.device_id = device_id or gpu.device_id
+    return gpu
+
+
+def gpu_by_address(session: Session, host: Host | int, address: str) -> Gpu | None:
+    address = ids.pci_address(address)
+    return session.scalar(select(Gpu).where(Gpu.host_id == _id(host), Gpu.address == address))
+
+
+def gpus(session: Session, host: Host | int) -> list[Gpu]:
+    return list(session.scalars(select(Gpu).where(Gpu.host_id == _id(host)).order_by(Gpu.address)).unique())
+
+
+def upsert_vgpu_type(session: Session, host: Host | int, *, gpu_model: str, type_id: str, name: str,
+                     backend: str, series: str | None = None, framebuffer_mb: int | None = None,
+                     max_instances: int | None = None, mig_slices: int | None = None) -> VgpuTypeEntry:
+    type_id = ids.type_dir(type_id)
+    host_id = _id(host)
+    stmt = select(VgpuTypeEntry).where(VgpuTypeEntry.host_id == host_id, VgpuTypeEntry.gpu_model == gpu_model,
+                                       VgpuTypeEntry.type_id == type_id)
+    entry = session.scalar(stmt)
+    facts = {"name": name, "backend": backend, "series": series, "framebuffer_mb": framebuffer_mb,
+             "max_instances": max_instances, "mig_slices": mig_slices}
+    if entry is None:
+        key = {"host_id": host_id, "gpu_model": gpu_model, "type_id": type_id}
+        _insert_ignore(session, VgpuTypeEntry, {**key, "updated_at": utcnow(), **facts}, list(key))
+        return session.scalars(stmt).one()
+    for key, value in facts.items():
+        setattr(entry, key, value)
+    return entry
+
+
+def vgpu_types(session: Session, host: Host | int, gpu_model: str | None = None) -> list[VgpuTypeEntry]:
+    stmt = select(VgpuTypeEntry).where(VgpuTypeEntry.host_id == _id(host))
+    if gpu_model is not None:
+        stmt = stmt.where(VgpuTypeEntry.gpu_model == gpu_model)
+    return list(session.scalars(stmt.order_by(VgpuTypeEntry.gpu_model, VgpuTypeEntry.type_id)))
+
+
+def upsert_vm(session: Session, host: Host | int, name: str, *, uuid: str | None = None,
+              state: str | None = None) -> Vm:
+    name = ids.vm_name(name)
+    if uuid is not None:
+        uuid = ids.mdev_uuid(uuid)  # same 8-4-4-4-12 form as libvirt's domain UUID
+    host_id = _id(host)
+    vm = get_vm(session, host_id, name)
+    if vm is None:
+        now = utcnow()
+        _insert_ignore(session, Vm, {"host_id": host_id, "name": name, "uuid": uuid,
+                                     "state": state or "defined", "created_at": now, "updated_at": now},
+                       ["host_id", "name"])
+        return session.scalars(select(Vm).where(Vm.host_id == host_id, Vm.name == name)).one()
+    if uuid is not None:
+        vm.uuid = uuid
+    if state is not None:
+        vm.state = state
+    return vm
+
+
+def get_vm(session: Session, host: Host | int, name: str) -> Vm | None:
+    return session.scalar(select(Vm).where(Vm.host_id == _id(host), Vm.name == name))
+
+
+def vms(session: Session, host: Host | int) -> list[Vm]:
+    return list(session.scalars(select(Vm).where(Vm.host_id == _id(host)).order_by(Vm.name)))
+
+
+# -- allocations -------------------------------------------------------------------------------------
+
+def reserve_allocation(session: Session, host: Host | int, *, backend: str, parent: str, type_id: str,
+                       uuid: str | None = None, pci_address: str | None = None, gpu: Gpu | int | None = None,
+                       vm: Vm | int | None = None, type_name: str | None = None, series: str | None = None,
+                       idempotency_key: str | None = None, detail: dict[str, Any] | None = None
+                       ) -> Allocation:
+    """Write a `reserved` allocation. The database refuses a second live allocation of the same mdev
+    UUID or PCI function, and a reused idempotency key; both surface as Conflict."""
+    if backend not in BACKENDS:
+        raise InvalidInput(f"backend '{backend}' is unknown", hint=f"use one of {', '.join(BACKENDS)}")
+    parent = ids.parent_name(parent)
+    if type_id != PASSTHROUGH_TYPE:
+        type_id = ids.type_dir(type_id)
+    uuid = ids.mdev_uuid(uuid) if uuid is not None else None
+    pci_address = ids.pci_address(pci_address) if pci_address is not None else None
+    if backend == BACKEND_MDEV and uuid is None:
+        raise InvalidInput("an mdev allocation needs the mdev UUID")
+    if backend in (BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH) and pci_address is None:
+        raise InvalidInput(f"a {backend} allocation needs the PCI address of the function given to the VM")
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= 128:
+        raise InvalidInput("an idempotency key must be 1-128 characters")
+    alloc = Allocation(host_id=_id(host), backend=backend, parent=parent, type_id=type_id, uuid=uuid,
+                       pci_address=pci_address, gpu_id=None if gpu is None else _id(gpu),
+                       vm_id=None if vm is None else _id(vm), type_name=type_name, series=series,
+                       idempotency_key=idempotency_key, detail=detail, state=ALLOC_RESERVED,
+                       created_at=utcnow())
+    try:
+        with session.begin_nested():
+            session.add(alloc)
+    except IntegrityError as exc:
+        raise _conflict(exc, uuid, pci_address, idempotency_key) from None
+    return alloc
+
+
+def _conflict(exc: IntegrityError, uuid: str | None, pci_address: str | None, key: str | None) -> Conflict:
+    text = str(exc.orig)
+    if "idem" in text:
+        return Conflict(f"idempotency key '{key}' was already used on this host",
+                        hint="look the earlier request up by its key instead of repeating it",
+                        idempotency_key=key)
+    if "uuid" in text:
+        return Conflict(f"vGPU {uuid} is already allocated",
+                        hint="release it first, or omit the UUID to get a new one", uuid=uuid)
+    if "pci_address" in text:
+        return Conflict(f"PCI function {pci_address} is already allocated",
+                        hint="release it first, or let placement choose another function",
+                        pci_address=pci_address)
+    return Conflict(f"the allocation conflicts with the database: {text.splitlines()[0]}",
+                    hint="run `vgpumgr reconcile` and retry")
+
+
+def activate(session: Session, allocation: Allocation, at: datetime | None = None) -> Allocation:
+    """reserved -> active (the device exists and is attached). Activating twice is harmless."""
+    if allocation.state == ALLOC_RELEASED:
+        raise Conflict(f"allocation {_describe(allocation)} was already released",
+                       hint="reserve a new allocation instead")
+    if allocation.state == ALLOC_RESERVED:
+        allocation.state = ALLOC_ACTIVE
+        allocation.activated_at = at or utcnow()
+    return allocation
+
+
+def release(session: Session, allocation: Allocation, at: datetime | None = None) -> Allocation:
+    """-> released, freeing its licence seat if nothing else of the VM uses it. Idempotent."""
+    if allocation.state == ALLOC_RELEASED:
+        return allocation
+    at = at or utcnow()
+    allocation.state = ALLOC_RELEASED
+    allocation.released_at = at
+    licensing.release(session, allocation, at)
+    return allocation
+
+
+def _describe(allocation: Allocation) -> str:
+    return allocation.uuid or allocation.pci_address or f"#{allocation.id}"
+
+
+def find_by_idempotency_key(session: Session, host: Host | int, key: str) -> Allocation | None:
+    return session.scalar(select(Allocation).where(Allocation.host_id == _id(host),
+                                                   Allocation.idempotency_key == key))
+
+
+def live_allocation(session: Session, host: Host | int, *, uuid: str | None = None,
+                    pci_address: str | None = None) -> Allocation | None:
+    """The reserved/active allocation that holds an mdev UUID or a PCI function, if any."""
+    stmt = select(Allocation).where(Allocation.host_id == _id(host), Allocation.state.in_(LIVE_STATES))
+    if uuid is not None:
+        stmt = stmt.where(Allocation.uuid == ids.mdev_uuid(uuid))
+    elif pci_address is not None:
+        stmt = stmt.where(Allocation.pci_address == ids.pci_address(pci_address))
+    else:
+        raise InvalidInput("give a UUID or a PCI address")
+    return session.scalar(stmt)
+
+
+def allocations(session: Session, host: Host | int | None = None, *, vm: Vm | str | None = None,
+                gpu: Gpu | str | None = None, state: str | Iterable[str] | None = None,
+                live: bool | None = None, backend: str | None = None, parent: str | None = None
+                ) -> list[Allocation]:
+    """Filtered allocations, oldest first. `vm` by row or name, `gpu` by row or PCI address;
+    `live=True` means reserved or active."""
+    stmt = select(Allocation)
+    if host is not None:
+        stmt = stmt.where(Allocation.host_id == _id(host))
+    if isinstance(vm, Vm):
+        stmt = stmt.where(Allocation.vm_id == vm.id)
+    elif vm is not None:
+        stmt = stmt.join(Vm, Vm.id == Allocation.vm_id).where(Vm.name == vm)
+    if isinstance(gpu, Gpu):
+        stmt = stmt.where(Allocation.gpu_id == gpu.id)
+    elif gpu is not None:
+        stmt = stmt.join(Gpu, Gpu.id == Allocation.gpu_id).where(Gpu.address == ids.pci_address(gpu))
+    if state is not None:
+        states = [state] if isinstance(state, str) else list(state)
+        unknown = set(states) - set(ALLOC_STATES)
+        if unknown:
+            raise InvalidInput(f"unknown allocation state(s): {', '.join(sorted(unknown))}",
+                               hint=f"use {', '.join(ALLOC_STATES)}")
+        stmt = stmt.where(Allocation.state.in_(states))
+    if live is not None:
+        stmt = stmt.where(Allocation.state.in_(LIVE_STATES) if live else Allocation.state == ALLOC_RELEASED)
+    if backend is not None:
+        stmt = stmt.where(Allocation.backend == backend)
+    if parent is not None:
+        stmt = stmt.where(Allocation.parent == parent)
+    return list(session.scalars(stmt.order_by(Allocation.id)))
+
+
+def leases(session: Session, *, vm: Vm | None = None, held: bool = True) -> list[LicenceLease]:
+    return licensing.leases(session, vm=vm, held=held)
