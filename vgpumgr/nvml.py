@@ -209,14 +209,17 @@ class NvmlLayer:
 
     def _placements(self, handle: Any, info: Any) -> list[dict[str, int]]:
         n = self.nvml
-        array = (n.c_nvmlGpuInstancePlacement_t * max(info.instanceCount, 1))()
-        count = ctypes.c_uint(len(array))
+        # instanceCount is no bound here (1g.10gb+me: 1 instance, 7 placements): ask for the count first
+        count = ctypes.c_uint(0)
         try:
+            n.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, None, ctypes.byref(count))
+            array = (n.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+            count.value = len(array)
             n.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, array, ctypes.byref(count))
         except n.NVMLError as exc:
             self._raise_if_lost(exc)
             return []
-        return [{"start": array[i].start, "size": array[i].size} for i in range(count.value)]
+        return [{"start": array[i].start, "size": array[i].size} for i in range(min(count.value, len(array)))]
 
     def _profile_json(self, item: tuple[int, Any], handle: Any, mig_on: bool) -> dict[str, Any]:
         enum, info = item

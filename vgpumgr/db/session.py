@@ -90,6 +90,14 @@ def get_engine(url: str | None = None) -> Engine:
         return engine
 
 
+def dispose_engine(url: str) -> None:
+    """Close the pooled connections of one cached engine (e.g. before dropping its database)."""
+    with _engines_lock:
+        engine = _engines.pop(url, None)
+    if engine is not None:
+        engine.dispose()
+
+
 def dispose_engines() -> None:
     with _engines_lock:
         for engine in _engines.values():

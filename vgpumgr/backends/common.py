@@ -1,0 +1,92 @@
+"""Shared pieces of the device backends: bounded writes, waiting, and who holds a device."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vgpumgr.errors import Timeout, VgpuError, from_oserror
+from vgpumgr.host import Host
+
+
+def write(host: Host, path: Path, data: str, action: str, hint: str | None = None,
+          timeout: float = 10.0) -> None:
+    """Write once; turn the errno into advice; never hang longer than `timeout`.
+
+    The real kernel can block a writer indefinitely (an mdev `remove` while a VM holds it), so the
+    write runs in a daemon thread and we stop waiting after `timeout`.
+    """
+    result: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            host.write(path, data)
+            result.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller below
+            result.append(e)
+
+    t = threading.Thread(target=run, daemon=True, name=f"sysfs-write {path.name}")
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise Timeout(f"{action}: the kernel did not answer within {timeout:g} s",
+                      hint="a VM or process may still hold the device; stop it and check `dmesg`")
+    err = result[0]
+    if isinstance(err, OSError):
+        raise from_oserror(err, action, hint) from err
+    if err is not None:
+        raise err
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def vfio_holders(host: Host, group: int | None, extra_targets: tuple[str, ...] = ()) -> list[str]:
+    """Processes holding /dev/vfio/<group> (or another target) open, as 'comm[pid]'."""
+    if group is None and not extra_targets:
+        return []
+    targets = set(extra_targets)
+    if group is not None:
+        targets.add(f"/dev/vfio/{group}")
+    out = []
+    proc = str(host.proc)
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        fd_dir = f"{proc}/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") in targets:
+                    comm = (Host.read(Path(f"{proc}/{pid}/comm")) or "?").strip()
+                    out.append(f"{comm}[{pid}]")
+                    break
+            except OSError:
+                continue
+    return out
+
+
+HolderCheck = Callable[[str], list[str]]
+"""Extra holder lookups (for example libvirt domains using an mdev UUID or a PCI address)."""
+
+
+def ensure_free(what: str, holders: list[str], error: type[VgpuError]) -> None:
+    if holders:
+        raise error(f"{what} is in use by {', '.join(holders)}",
+                    hint="stop or detach it from that VM first (removing a device a VM holds blocks in the kernel)",
+                    holders=holders)

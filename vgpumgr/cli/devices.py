@@ -1,0 +1,241 @@
+"""Discovery and device lifecycle commands: gpus, types, mdev, vf, sriov, vfio."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from vgpumgr import ids
+from vgpumgr.cli.output import dump_json, table
+from vgpumgr.config import Config
+from vgpumgr.errors import InvalidInput, NotFound
+from vgpumgr.model import VgpuType
+
+
+def config(args: argparse.Namespace) -> Config:
+    return Config.resolve(sysfs_root=getattr(args, "sysfs_root", None), state_dir=getattr(args, "state_dir", None),
+                          db=getattr(args, "db", None), connect=getattr(args, "connect", None))
+
+
+def _note_simulated(cfg: Config) -> None:
+    if cfg.host.simulated:
+        sys.stderr.write(f"(simulated host: {cfg.host.root})\n")
+
+
+def gpus(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.discovery.pci import discover_gpus
+
+    cfg = config(args)
+    found = discover_gpus(cfg.host)
+    if not args.no_nvml:
+        try:
+            from vgpumgr.nvml_facts import merge_nvml
+        except ImportError:
+            pass
+        else:
+            merge_nvml(cfg, found)
+    if args.json:
+        dump_json(out, [g.to_json() for g in found])
+        return 0
+    _note_simulated(cfg)
+    rows = []
+    for g in found:
+        if g.is_vf and not args.vfs:
+            continue
+        vfs = f"{g.sriov.numvfs}/{g.sriov.totalvfs}" if g.sriov else ("VF of " + g.physfn if g.physfn else "-")
+        mig = (g.nvml or {}).get("mig_mode", {}).get("current") if g.nvml else None
+        rows.append([g.address, f"{g.vendor_id}:{g.device_id}", g.name, g.driver, g.numa_node, g.iommu_group, vfs,
+                     ",".join(g.backends) or "-", {None: "-", 0: "off", 1: "on"}.get(mig, str(mig))])
+    table(out, ["ADDRESS", "ID", "NAME", "DRIVER", "NUMA", "IOMMU", "SR-IOV", "BACKENDS", "MIG"], rows,
+          empty="no GPUs found")
+    return 0
+
+
+def resolve_type(types: list[VgpuType], wanted: str, parent: str | None = None) -> VgpuType:
+    candidates = [t for t in types if (parent is None or t.parent == parent) and t.matches(wanted)]
+    if not candidates:
+        where = f" on {parent}" if parent else ""
+        raise NotFound(f"no vGPU type '{wanted}'{where}",
+                       hint=f"`vgpumgr types{' --parent ' + parent if parent else ''}` lists the types; "
+                            "give an id (nvidia-232) or a name (T4-4Q)")
+    return candidates[0]
+
+
+def types(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.inventory import discover_types
+
+    cfg = config(args)
+    parent = ids.parent_name(args.parent) if args.parent else None
+    found = discover_types(cfg.host, parent)
+    if parent and not found and not cfg.host.parent(parent).exists() and not (
+            ids.is_pci_address(parent) and cfg.host.pci(parent).exists()):
+        raise NotFound(f"no mdev parent or vGPU VF {parent}", hint="`vgpumgr types` lists all parents")
+    if args.available:
+        found = [t for t in found if t.available_instances > 0]
+    if args.json:
+        dump_json(out, [t.to_json() for t in found])
+        return 0
+    _note_simulated(cfg)
+    rows = [[t.parent, t.type, t.name or "-", t.backend, t.available_instances,
+             f"{t.framebuffer_mb}M" if t.framebuffer_mb else "-", t.max_instance, t.description or "-"]
+            for t in found]
+    table(out, ["PARENT", "TYPE", "NAME", "BACKEND", "AVAIL", "FB", "MAX", "DESCRIPTION"], rows,
+          empty="no vGPU types found")
+    return 0
+
+
+def mdev_list(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.discovery.mdev import discover_mdevs
+
+    cfg = config(args)
+    found = discover_mdevs(cfg.host)
+    if args.json:
+        dump_json(out, [m.to_json() for m in found])
+        return 0
+    table(out, ["UUID", "PARENT", "TYPE", "IOMMU", "GPU"],
+          [[m.uuid, m.parent, m.type, m.iommu_group, m.gpu] for m in found], empty="no mdevs")
+    return 0
+
+
+def mdev_create(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import mdev
+    from vgpumgr.inventory import discover_types
+
+    cfg = config(args)
+    parent = ids.parent_name(args.parent)
+    uuid = ids.mdev_uuid(args.uuid) if args.uuid else None
+    t = resolve_type([t for t in discover_types(cfg.host, parent) if t.backend == "mdev"], args.type, parent)
+    dev = mdev.create(cfg.host, parent, t.type, uuid)
+    _audit(cfg, "mdev.create", vgpu=dev.uuid, gpu=dev.gpu, detail={"parent": parent, "type": t.type})
+    if args.json:
+        dump_json(out, dev.to_json())
+    else:
+        out.write(f"created mdev {dev.uuid} ({t.type} {t.name}) on {parent}\n")
+    return 0
+
+
+def mdev_remove(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import mdev
+
+    cfg = config(args)
+    uuid = ids.mdev_uuid(args.uuid)
+    dev = mdev.get(cfg.host, uuid)
+    if dev is None:
+        raise NotFound(f"no mdev {uuid}", hint="`vgpumgr mdev list` shows the active mdevs")
+    mdev.remove(cfg.host, uuid, grace=args.grace, holder_check=_libvirt_holders(cfg, "mdev"))
+    _audit(cfg, "mdev.remove", vgpu=uuid, gpu=dev.gpu, detail={"parent": dev.parent, "type": dev.type})
+    out.write(f"removed mdev {uuid}\n")
+    return 0
+
+
+def vf_list(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import nvidia_vf
+    from vgpumgr.discovery.fs import link_name
+    from vgpumgr.discovery.nvidia_vf import vendor_vfs
+
+    cfg = config(args)
+    rows = []
+    for vf in vendor_vfs(cfg.host):
+        cur = nvidia_vf.current(cfg.host, vf)
+        rows.append({"address": vf, "physfn": link_name(f"{cfg.host.pci(vf)}/physfn"),
+                     "current_vgpu_type": f"nvidia-{cur}" if cur else None,
+                     "creatable": len(nvidia_vf.creatable(cfg.host, vf))})
+    if args.json:
+        dump_json(out, rows)
+        return 0
+    table(out, ["VF", "PHYSFN", "CURRENT", "CREATABLE TYPES"],
+          [[r["address"], r["physfn"], r["current_vgpu_type"], r["creatable"]] for r in rows],
+          empty="no VFs with NVIDIA's vendor-specific vGPU interface")
+    return 0
+
+
+def _vf_type_id(cfg: Config, vf: str, wanted: str) -> int:
+    from vgpumgr.backends import nvidia_vf
+
+    w = wanted.strip()
+    if w.isdigit() or (w.startswith("nvidia-") and w[7:].isdigit()):
+        return ids.nvidia_type_id(w)
+    for tid, name in nvidia_vf.creatable(cfg.host, vf):
+        if w in (name, name.split()[-1]):
+            return tid
+    raise InvalidInput(f"'{wanted}' is not a type creatable on {vf}",
+                       hint=f"`vgpumgr types --parent {vf}` lists what it can take now")
+
+
+def vf_set(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import nvidia_vf
+
+    cfg = config(args)
+    vf = ids.pci_address(args.vf)
+    tid = nvidia_vf.set_type(cfg.host, vf, _vf_type_id(cfg, vf, args.type))
+    _audit(cfg, "vf.set", vgpu=vf, detail={"type": f"nvidia-{tid}"})
+    out.write(f"VF {vf} now holds vGPU type nvidia-{tid}\n")
+    return 0
+
+
+def vf_clear(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import nvidia_vf
+
+    cfg = config(args)
+    vf = ids.pci_address(args.vf)
+    changed = nvidia_vf.clear_type(cfg.host, vf, retries=max(1, args.retries),
+                                   holder_check=_libvirt_holders(cfg, "pci"))
+    if changed:
+        _audit(cfg, "vf.clear", vgpu=vf)
+    out.write(f"VF {vf} {'cleared' if changed else 'had no vGPU type'}\n")
+    return 0
+
+
+def sriov_set(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import sriov
+
+    cfg = config(args)
+    vfs = sriov.set_numvfs(cfg.host, args.pf, args.count, allow_nvidia=args.allow_nvidia)
+    _audit(cfg, "sriov.set", gpu=ids.pci_address(args.pf), detail={"numvfs": args.count})
+    out.write(f"{ids.pci_address(args.pf)}: {len(vfs)} VFs{': ' + ' '.join(vfs) if vfs else ''}\n")
+    return 0
+
+
+def vfio_bind(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import passthrough
+
+    cfg = config(args)
+    prev = passthrough.bind_vfio(cfg.host, args.address, passthrough.DriverMemory(cfg.state_dir))
+    _audit(cfg, "vfio.bind", gpu=ids.pci_address(args.address), detail={"previous_driver": prev})
+    out.write(f"{ids.pci_address(args.address)} bound to vfio-pci (was {prev or 'unbound or already vfio-pci'})\n")
+    return 0
+
+
+def vfio_unbind(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.backends import passthrough
+
+    cfg = config(args)
+    prev = passthrough.unbind_vfio(cfg.host, args.address, passthrough.DriverMemory(cfg.state_dir),
+                                   holder_check=_libvirt_holders(cfg, "pci"))
+    _audit(cfg, "vfio.unbind", gpu=ids.pci_address(args.address), detail={"restored_driver": prev})
+    out.write(f"{ids.pci_address(args.address)} released from vfio-pci (back to {prev or 'no driver'})\n")
+    return 0
+
+
+def _libvirt_holders(cfg: Config, kind: str):  # noqa: ANN202
+    """Domains using a device, when libvirt is reachable; nothing otherwise (sysfs holders still apply)."""
+    def check(key: str) -> list[str]:
+        try:
+            from vgpumgr.virt import Virt
+
+            v = Virt(cfg.libvirt_uri, state_dir=cfg.state_dir)
+            names = v.domains_using_mdev(key) if kind == "mdev" else v.domains_using_pci(key)
+            return [f"libvirt domain {n}" for n in names]
+        except Exception:  # noqa: BLE001 - libvirt down or missing: rely on the sysfs holder check
+            return []
+    return check
+
+
+def _audit(cfg: Config, action: str, **kw: object) -> None:
+    """Record a manual device change in the audit log (best effort: the device change already happened)."""
+    try:
+        from vgpumgr.service import record_event
+    except ImportError:
+        return
+    record_event(cfg, action, **kw)

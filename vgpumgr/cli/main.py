@@ -1,0 +1,149 @@
+"""`vgpumgr` command line. Commands are functions that write to an output stream; heavy imports stay
+inside the commands so `vgpumgr --help` and `vgpumgr types` start fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import TextIO
+
+from vgpumgr.errors import VgpuError
+
+# command path -> "module:function" (imported only when that command runs)
+COMMANDS: dict[tuple[str, ...], str] = {}
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("global options")
+    s = argparse.SUPPRESS
+    g.add_argument("--sysfs-root", metavar="DIR", default=s,
+                   help="root of the sysfs tree (default / or $VGPUMGR_SYSFS_ROOT; a tree from `sim create`)")
+    g.add_argument("--state-dir", metavar="DIR", default=s, help="state directory (database, locks)")
+    g.add_argument("--db", metavar="URL", default=s, help="database URL (default SQLite in the state dir; $VGPUMGR_DB)")
+    g.add_argument("--connect", metavar="URI", default=s, help="libvirt URI ($VGPUMGR_LIBVIRT_URI)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="vgpumgr", parents=[common],
+        description="vGPU manager for KVM/libvirt hosts: discover GPUs, create vGPUs, place them, audit.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def cmd(parent: argparse._SubParsersAction, path: tuple[str, ...], target: str, help: str,
+            ) -> argparse.ArgumentParser:
+        p = parent.add_parser(path[-1], parents=[common], help=help, description=help)
+        p.set_defaults(_target=target)
+        COMMANDS[path] = target
+        return p
+
+    def group(name: str, help: str) -> argparse._SubParsersAction:
+        g = sub.add_parser(name, parents=[common], help=help, description=help)
+        g.set_defaults(_group=g)
+        return g.add_subparsers(dest=f"{name}_command", metavar="ACTION")
+
+    p = cmd(sub, ("gpus",), "vgpumgr.cli.devices:gpus", "list GPUs with their PCI facts")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--vfs", action="store_true", help="also list virtual functions in the table")
+    p.add_argument("--no-nvml", action="store_true", help="do not ask NVML")
+
+    p = cmd(sub, ("types",), "vgpumgr.cli.devices:types", "list vGPU types offered by mdev parents and VFs")
+    p.add_argument("--parent", metavar="BDF", help="only this parent (PCI address or virtual parent)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--available", action="store_true", help="only types with instances available now")
+
+    mdev = group("mdev", "mediated devices")
+    p = cmd(mdev, ("mdev", "list"), "vgpumgr.cli.devices:mdev_list", "list active mdevs")
+    p.add_argument("--json", action="store_true")
+    p = cmd(mdev, ("mdev", "create"), "vgpumgr.cli.devices:mdev_create", "create an mdev")
+    p.add_argument("--parent", required=True, metavar="BDF")
+    p.add_argument("--type", required=True, metavar="TYPE", help="type id (nvidia-232) or name (T4-4Q)")
+    p.add_argument("--uuid", metavar="UUID", help="UUID to use (default: a new one)")
+    p.add_argument("--json", action="store_true")
+    p = cmd(mdev, ("mdev", "remove"), "vgpumgr.cli.devices:mdev_remove", "remove an mdev")
+    p.add_argument("uuid", metavar="UUID")
+    p.add_argument("--grace", type=float, default=0.0, metavar="S",
+                   help="let NVIDIA's driver remove the device itself for up to S seconds first (after a VM stop)")
+
+    vf = group("vf", "NVIDIA vendor-specific VF vGPUs")
+    p = cmd(vf, ("vf", "list"), "vgpumgr.cli.devices:vf_list", "list VFs with their current vGPU type")
+    p.add_argument("--json", action="store_true")
+    p = cmd(vf, ("vf", "set"), "vgpumgr.cli.devices:vf_set", "set a VF's vGPU type (current_vgpu_type)")
+    p.add_argument("vf", metavar="VF")
+    p.add_argument("type", metavar="TYPE", help="nvidia-<id>, id, or type name (L40S-2Q)")
+    p = cmd(vf, ("vf", "clear"), "vgpumgr.cli.devices:vf_clear", "clear a VF's vGPU type")
+    p.add_argument("vf", metavar="VF")
+    p.add_argument("--retries", type=int, default=10)
+
+    sriov = group("sriov", "SR-IOV virtual functions")
+    p = cmd(sriov, ("sriov", "set"), "vgpumgr.cli.devices:sriov_set", "set the number of VFs of a PF")
+    p.add_argument("pf", metavar="PF")
+    p.add_argument("count", type=int)
+    p.add_argument("--allow-nvidia", action="store_true",
+                   help="write sriov_numvfs on an NVIDIA GPU (normally only sriov-manage should)")
+
+    vfio = group("vfio", "bind devices to vfio-pci and back")
+    p = cmd(vfio, ("vfio", "bind"), "vgpumgr.cli.devices:vfio_bind", "bind a device to vfio-pci")
+    p.add_argument("address", metavar="BDF")
+    p = cmd(vfio, ("vfio", "unbind"), "vgpumgr.cli.devices:vfio_unbind", "give a device back to its previous driver")
+    p.add_argument("address", metavar="BDF")
+
+    sim = group("sim", "simulated hosts for demos, tests and benchmarks")
+    p = cmd(sim, ("sim", "create"), "vgpumgr.cli.sim:create", "build a simulated sysfs tree")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--profile", default="mixed", help="t4, a40-sriov, l40s-vfio, a100-mig, h100-mig, gvtg, "
+                                                      "samples, mixed")
+    p.add_argument("--scale", type=int, default=1, help="copies of the profile's GPUs")
+    p.add_argument("--vfs", type=int, default=None, help="VFs to enable per SR-IOV GPU")
+    p.add_argument("--force", action="store_true", help="rebuild an existing simulated tree")
+    p = cmd(sim, ("sim", "hold"), "vgpumgr.cli.sim:hold", "pretend a process holds a device open (tests, demo)")
+    p.add_argument("target", metavar="UUID|BDF")
+    p.add_argument("--by", default="qemu-system-x86", help="process name")
+
+    p = cmd(sub, ("demo",), "vgpumgr.cli.demo:demo", "walk through the main job on a simulated host")
+    p.add_argument("--dir", metavar="DIR", help="where to build the simulated host (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the simulated host afterwards")
+
+    for extra in ("vgpumgr.cli.records", "vgpumgr.cli.vm", "vgpumgr.cli.service"):
+        try:
+            mod = importlib.import_module(extra)
+        except ModuleNotFoundError as e:
+            if e.name != extra:
+                raise
+            continue
+        mod.register(sub, cmd, group)
+    return parser
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    target = getattr(args, "_target", None)
+    if target is None:
+        g = getattr(args, "_group", None)
+        (g or parser).print_help(out)
+        return 0 if args.command is None else 2
+    module, func = target.split(":")
+    try:
+        return int(getattr(importlib.import_module(module), func)(args, out) or 0)
+    except VgpuError as e:
+        err.write(f"vgpumgr: error: {e.message}\n")
+        if e.hint:
+            err.write(f"  hint: {e.hint}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        err.write("vgpumgr: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""`vgpumgr sim`: build simulated hosts and fake device holders."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TextIO
+
+from vgpumgr import ids
+from vgpumgr.cli.devices import config
+from vgpumgr.errors import InvalidInput, NotFound
+
+
+def create(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.sim import profiles
+
+    root = profiles.create(args.dir, args.profile, scale=args.scale, vfs=args.vfs, force=args.force)
+    out.write(f"simulated host '{args.profile}' (scale {args.scale}) built at {root}\n"
+              f"use it with: vgpumgr --sysfs-root {root} gpus   (or export VGPUMGR_SYSFS_ROOT={root})\n")
+    return 0
+
+
+def hold(args: argparse.Namespace, out: TextIO) -> int:
+    """Make a fake process in the simulated /proc hold a device's /dev/vfio group open."""
+    from vgpumgr.discovery.fs import link_name
+
+    cfg = config(args)
+    if not cfg.host.simulated:
+        raise InvalidInput("`sim hold` only works on a simulated root",
+                           hint="pass --sysfs-root DIR of a simulated host")
+    target = args.target
+    path = cfg.host.mdev(target) if not ids.is_pci_address(target) else cfg.host.pci(target)
+    if not path.exists():
+        raise NotFound(f"no device {target}")
+    group = link_name(f"{path}/iommu_group")
+    pid = 4000 + len(os.listdir(cfg.host.proc))
+    fd_dir = cfg.host.proc / str(pid) / "fd"
+    fd_dir.mkdir(parents=True)
+    (cfg.host.proc / str(pid) / "comm").write_text(args.by + "\n")
+    os.symlink(f"/dev/vfio/{group}", fd_dir / "20")
+    out.write(f"{args.by}[{pid}] now holds /dev/vfio/{group} ({target}); remove {cfg.host.proc / str(pid)} to let go\n")
+    return 0

@@ -1,0 +1,46 @@
+"""Where things live: sysfs root, state dir, database URL, libvirt URI (flags > environment > defaults)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgpumgr.host import Host
+
+
+@dataclass
+class Config:
+    host: Host
+    state_dir: Path
+    db_url: str
+    libvirt_uri: str
+    actor: str
+
+    @classmethod
+    def resolve(cls, sysfs_root: str | None = None, state_dir: str | None = None, db: str | None = None,
+                connect: str | None = None, actor: str | None = None) -> Config:
+        host = Host.from_env(sysfs_root)
+        sd = state_dir or os.environ.get("VGPUMGR_STATE_DIR")
+        if sd:
+            state = Path(sd)
+        elif host.simulated:
+            state = host.root / ".vgpumgr-state"  # a simulated host keeps its DB and locks with it
+        elif os.geteuid() == 0:
+            state = Path("/var/lib/vgpumgr")
+        else:
+            state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local/state")) / "vgpumgr"
+        url = db or os.environ.get("VGPUMGR_DB") or f"sqlite:///{state / 'vgpumgr.db'}"
+        uri = connect or os.environ.get("VGPUMGR_LIBVIRT_URI") or (
+            "test:///default" if host.simulated else "qemu:///system")
+        who = actor or os.environ.get("VGPUMGR_ACTOR") or _login()
+        return cls(host=host, state_dir=state, db_url=url, libvirt_uri=uri, actor=who)
+
+
+def _login() -> str:
+    try:
+        import pwd
+
+        return f"cli:{pwd.getpwuid(os.geteuid()).pw_name}"
+    except (KeyError, ImportError):
+        return f"cli:uid{os.geteuid()}"

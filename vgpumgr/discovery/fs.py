@@ -1,0 +1,42 @@
+"""Small, fast sysfs readers (os-level calls: discovery reads thousands of tiny files)."""
+
+from __future__ import annotations
+
+import os
+
+
+def read(path: str, default: str | None = None) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return default
+    try:
+        return os.read(fd, 65536).decode("utf-8", "replace").strip()
+    except OSError:
+        return default
+    finally:
+        os.close(fd)
+
+
+def read_int(path: str, default: int | None = None) -> int | None:
+    s = read(path)
+    if s is None:
+        return default
+    try:
+        return int(s, 0)
+    except ValueError:
+        return default
+
+
+def link_name(path: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []

@@ -1,0 +1,90 @@
+"""mdev parents (/sys/class/mdev_bus), their types, and active mdevs (/sys/bus/mdev/devices)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from vgpumgr import ids
+from vgpumgr.discovery.fs import link_name, listdir, read
+from vgpumgr.host import Host
+from vgpumgr.model import BACKEND_MDEV, Mdev, VgpuType
+
+_NVIDIA_DESC = re.compile(r"(\w+)=([^,]+)")
+_KV_LINES = re.compile(r"^\s*([\w ]+?)\s*:\s*(.+?)\s*$", re.M)
+
+
+def parse_description(text: str) -> dict[str, str]:
+    """NVIDIA: `num_heads=4, frl_config=60, framebuffer=4096M, ...`; Intel GVT-g: `low_gm_size: 128MB` lines."""
+    if not text:
+        return {}
+    if "=" in text:
+        return {k: v.strip() for k, v in _NVIDIA_DESC.findall(text)}
+    if ":" in text:
+        return dict(_KV_LINES.findall(text))
+    return {}
+
+
+def enrich(t: VgpuType) -> VgpuType:
+    """Framebuffer, max_instance, series and MIG slices from the description and the type name."""
+    fb = t.params.get("framebuffer")
+    if fb and fb.endswith("M") and fb[:-1].isdigit():
+        t.framebuffer_mb = int(fb[:-1])
+    mi = t.params.get("max_instance")
+    if mi and mi.isdigit():
+        t.max_instance = int(mi)
+    parsed = ids.parse_type_name(t.name) if t.type.startswith("nvidia-") else None
+    if parsed:
+        t.series = parsed.series
+        t.mig_slices = parsed.mig_slices
+        if t.framebuffer_mb is None:
+            t.framebuffer_mb = int(parsed.framebuffer_gb * 1024)
+    return t
+
+
+def parents(host: Host) -> list[str]:
+    return listdir(str(host.mdev_bus))
+
+
+def physical_gpu(host: Host, parent: str) -> str | None:
+    """The PF address behind an mdev parent; None for virtual parents (mtty)."""
+    if not ids.is_pci_address(parent):
+        return None
+    return link_name(f"{host.mdev_bus}/{parent}/physfn") or parent
+
+
+def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
+    out: list[VgpuType] = []
+    for p in [ids.parent_name(parent)] if parent else parents(host):
+        base = f"{host.mdev_bus}/{p}/mdev_supported_types"
+        gpu = physical_gpu(host, p)
+        for tdir in listdir(base):
+            d = f"{base}/{tdir}"
+            desc = read(f"{d}/description", "") or ""
+            avail = read(f"{d}/available_instances", "0") or "0"
+            t = VgpuType(
+                parent=p,
+                type=tdir,
+                name=read(f"{d}/name", "") or "",
+                description=desc.replace("\n", ", "),
+                device_api=read(f"{d}/device_api", "") or "",
+                available_instances=int(avail) if avail.isdigit() else 0,
+                backend=BACKEND_MDEV,
+                params=parse_description(desc),
+                gpu=gpu,
+            )
+            out.append(enrich(t))
+    return out
+
+
+def discover_mdevs(host: Host) -> list[Mdev]:
+    out = []
+    base = str(host.mdev_devices)
+    for uuid in listdir(base):
+        real = os.path.realpath(f"{base}/{uuid}")
+        parent = os.path.basename(os.path.dirname(real))
+        group = link_name(f"{real}/iommu_group")
+        out.append(Mdev(uuid=uuid, parent=parent, type=link_name(f"{real}/mdev_type") or "?",
+                        iommu_group=int(group) if group and group.isdigit() else None,
+                        gpu=physical_gpu(host, parent) if ids.is_pci_address(parent) else None))
+    return out

@@ -1,0 +1,56 @@
+"""NVIDIA's vendor-specific VFIO interface: nvidia/creatable_vgpu_types and current_vgpu_type on each VF."""
+
+from __future__ import annotations
+
+import os
+
+from vgpumgr.discovery.fs import link_name, listdir, read, read_int
+from vgpumgr.discovery.mdev import enrich
+from vgpumgr.host import Host
+from vgpumgr.model import BACKEND_NVIDIA_VF, VfVgpu, VgpuType
+
+HEADER = "ID    : vGPU Name"
+
+
+def parse_creatable(text: str) -> list[tuple[int, str]]:
+    """`ID    : vGPU Name` header, then `%-5d : name` lines; split on the first ':' (ids >= 10000 break alignment)."""
+    out = []
+    for line in (text or "").splitlines():
+        if ":" not in line:
+            continue
+        left, right = line.split(":", 1)
+        left = left.strip()
+        if left.isdigit():
+            out.append((int(left), right.strip()))
+    return out
+
+
+def vendor_vfs(host: Host) -> list[str]:
+    """PCI functions that expose the vendor-specific vGPU interface."""
+    base = str(host.pci_devices)
+    return [a for a in listdir(base) if os.path.exists(f"{base}/{a}/nvidia/current_vgpu_type")]
+
+
+def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
+    out = []
+    for vf in vendor_vfs(host):
+        if parent and vf != parent:
+            continue
+        d = f"{host.pci_devices}/{vf}"
+        gpu = link_name(f"{d}/physfn") or vf
+        for tid, name in parse_creatable(read(f"{d}/nvidia/creatable_vgpu_types", "") or ""):
+            out.append(enrich(VgpuType(parent=vf, type=f"nvidia-{tid}", name=name, description="",
+                                       device_api="vfio-pci", available_instances=1, backend=BACKEND_NVIDIA_VF,
+                                       gpu=gpu)))
+    return out
+
+
+def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None) -> list[VfVgpu]:
+    out = []
+    for vf in vendor_vfs(host):
+        d = f"{host.pci_devices}/{vf}"
+        cur = read_int(f"{d}/nvidia/current_vgpu_type", 0) or 0
+        if cur:
+            out.append(VfVgpu(address=vf, type=f"nvidia-{cur}", name=(names or {}).get(cur),
+                              gpu=link_name(f"{d}/physfn") or vf))
+    return out

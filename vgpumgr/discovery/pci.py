@@ -1,0 +1,129 @@
+"""PCI facts of GPUs: ids, model name, driver, IOMMU group, NUMA node, SR-IOV PF/VF links."""
+
+from __future__ import annotations
+
+import os
+
+from vgpumgr.discovery.fs import link_name, listdir, read, read_int
+from vgpumgr.host import Host
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, Gpu, Sriov
+
+DISPLAY_CLASS = 0x03
+
+
+def _hex(value: str | None) -> str | None:
+    return value[2:].lower() if value and value.startswith("0x") else value
+
+
+def read_function(host: Host, address: str, names: PciNames | None = None) -> Gpu:
+    """Facts of one PCI function (a GPU, a VF, or any SR-IOV capable device)."""
+    d = str(host.pci(address))
+    vendor = _hex(read(f"{d}/vendor")) or "????"
+    device = _hex(read(f"{d}/device")) or "????"
+    sriov = None
+    total = read_int(f"{d}/sriov_totalvfs")
+    if total is not None:
+        numvfs = read_int(f"{d}/sriov_numvfs", 0) or 0
+        vfs = [v for v in (link_name(f"{d}/virtfn{i}") for i in range(numvfs)) if v]
+        sriov = Sriov(totalvfs=total, numvfs=numvfs, vfs=vfs)
+    backends = []
+    if os.path.isdir(f"{d}/mdev_supported_types") and listdir(f"{d}/mdev_supported_types"):
+        backends.append(BACKEND_MDEV)
+    current = read_int(f"{d}/nvidia/current_vgpu_type")
+    if current is not None:
+        backends.append(BACKEND_NVIDIA_VF)
+    physfn = link_name(f"{d}/physfn")
+    group = link_name(f"{d}/iommu_group")
+    if physfn is None and group is not None:
+        backends.append(BACKEND_PASSTHROUGH)
+    return Gpu(
+        address=address,
+        vendor_id=vendor,
+        device_id=device,
+        subsystem_vendor_id=_hex(read(f"{d}/subsystem_vendor")),
+        subsystem_device_id=_hex(read(f"{d}/subsystem_device")),
+        class_code=read(f"{d}/class") or "",
+        name=(names or PciNames(host)).lookup(vendor, device),
+        driver=link_name(f"{d}/driver"),
+        numa_node=read_int(f"{d}/numa_node", -1) if read_int(f"{d}/numa_node") is not None else -1,
+        iommu_group=int(group) if group and group.isdigit() else None,
+        physfn=physfn,
+        sriov=sriov,
+        backends=backends,
+        current_vgpu_type=current,
+    )
+
+
+def is_display(host: Host, address: str) -> bool:
+    cls = read_int(f"{host.pci_devices}/{address}/class")
+    return cls is not None and (cls >> 16) == DISPLAY_CLASS
+
+
+def discover_gpus(host: Host) -> list[Gpu]:
+    names = PciNames(host)
+    gpus = [read_function(host, a, names) for a in listdir(str(host.pci_devices)) if is_display(host, a)]
+    by_addr = {g.address: g for g in gpus}
+    for g in gpus:  # a PF offers what its VFs offer
+        if g.sriov:
+            for vf in g.sriov.vfs:
+                for b in by_addr[vf].backends if vf in by_addr else []:
+                    if b not in g.backends:
+                        g.backends.insert(0, b)
+    return gpus
+
+
+class PciNames:
+    """Model names: udev's hwdb (through pyudev) on a real root, else the pci.ids file under the root."""
+
+    PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._text: str | None = None
+        self._udev = None
+        self._cache: dict[tuple[str, str], str] = {}
+
+    def lookup(self, vendor: str, device: str) -> str:
+        key = (vendor, device)
+        if key not in self._cache:
+            self._cache[key] = self._from_pci_ids(vendor, device) or f"PCI device {vendor}:{device}"
+        return self._cache[key]
+
+    def from_udev(self, address: str) -> str | None:
+        if self.host.simulated or str(self.host.root) != "/":
+            return None
+        try:
+            import pyudev
+
+            if self._udev is None:
+                self._udev = pyudev.Context()
+            dev = pyudev.Devices.from_sys_path(self._udev, f"/sys/bus/pci/devices/{address}")
+            return dev.properties.get("ID_MODEL_FROM_DATABASE")
+        except Exception:  # noqa: BLE001 - no udev database is a normal state (containers, no udevd)
+            return None
+
+    def _from_pci_ids(self, vendor: str, device: str) -> str | None:
+        if self._text is None:
+            self._text = ""
+            for rel in self.PCI_IDS:
+                t = read(str(self.host.root / rel))
+                if t:
+                    self._text = "\n" + t
+                    break
+        text = self._text
+        v = text.find(f"\n{vendor}  ")
+        if v < 0:
+            return None
+        end = text.find("\n", v + 1)
+        vendor_name = text[v + 7:end]
+        nxt = v + 1
+        while True:  # scan the vendor's block (lines starting with a tab)
+            nxt = text.find("\n", nxt)
+            if nxt < 0 or nxt + 1 >= len(text) or text[nxt + 1] not in "\t#":
+                return None
+            if text.startswith(f"\t{device}  ", nxt + 1):
+                line_end = text.find("\n", nxt + 1)
+                name = text[nxt + 8:line_end if line_end > 0 else None].strip()
+                short = vendor_name.split()[0]
+                return f"{short} {name}"
+            nxt += 1

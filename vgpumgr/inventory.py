@@ -1,0 +1,27 @@
+"""One snapshot of the host: GPUs, vGPU types, mdevs and VF vGPUs, read from the one sysfs root."""
+
+from __future__ import annotations
+
+from vgpumgr.discovery import mdev as mdev_disc
+from vgpumgr.discovery import nvidia_vf
+from vgpumgr.discovery.pci import discover_gpus
+from vgpumgr.host import Host
+from vgpumgr.model import Inventory, VgpuType
+
+
+def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
+    return mdev_disc.discover_types(host, parent) + nvidia_vf.discover_types(host, parent)
+
+
+def scan(host: Host, known_type_names: dict[int, str] | None = None) -> Inventory:
+    types = discover_types(host)
+    names = dict(known_type_names or {})
+    for t in types:
+        if t.type.startswith("nvidia-"):
+            names.setdefault(int(t.type[7:]), t.name)
+    return Inventory(
+        gpus=discover_gpus(host),
+        types=types,
+        mdevs=mdev_disc.discover_mdevs(host),
+        vf_vgpus=nvidia_vf.discover_vf_vgpus(host, names),
+    )

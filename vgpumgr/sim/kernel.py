@@ -1,0 +1,210 @@
+"""Applies the effects of sysfs writes to a simulated tree with the real kernel's rules and errnos.
+
+Errnos follow what the real kernel returned in the mdev lab (../shared/mdev-lab/README.md §7, §10)
+and NVIDIA's vendor-VF driver (facts §2.2). Writes are serialised with a lock file, as the kernel
+serialises them.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+from pathlib import Path
+
+from vgpumgr.sim import gpus as simgpus
+from vgpumgr.sim import rules
+from vgpumgr.sim.tree import SimTree, write
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_READ_ONLY = {"available_instances", "name", "description", "device_api", "vendor", "device", "class",
+              "subsystem_vendor", "subsystem_device", "numa_node", "sriov_totalvfs", "sriov_offset",
+              "sriov_stride", "sriov_vf_device", "creatable_vgpu_types", "local_cpulist", "reset_method"}
+
+
+def _err(code: int, what: str) -> OSError:
+    return OSError(code, os.strerror(code), what)
+
+
+class KernelEmulator:
+    def __init__(self, host) -> None:  # noqa: ANN001 - vgpumgr.host.Host (import cycle)
+        self.root = Path(host.root)
+
+    def write(self, path: Path, data: str) -> None:
+        with open(self.root / ".vgpumgr-sim.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            tree = SimTree(self.root)
+            self._dispatch(tree, Path(path), data)
+            tree.save()
+
+    def _dispatch(self, tree: SimTree, path: Path, data: str) -> None:
+        if not path.parent.exists() or not (path.exists() or path.is_symlink()):
+            raise _err(errno.ENOENT, str(path))
+        real = path.parent.resolve() / path.name
+        name = real.name
+        if name in _READ_ONLY:
+            raise _err(errno.EACCES, str(path))
+        if name == "create" and real.parent.parent.name == "mdev_supported_types":
+            self._create_mdev(tree, real.parent, data)
+        elif name == "remove" and (real.parent / "mdev_type").is_symlink():
+            self._remove_mdev(tree, real.parent, data)
+        elif name == "sriov_numvfs":
+            self._sriov_numvfs(tree, real.parent, data)
+        elif name == "current_vgpu_type" and real.parent.name == "nvidia":
+            self._current_vgpu_type(tree, real.parent.parent, data)
+        elif name == "driver_override":
+            value = data.strip()
+            write(real, (value or "(null)") + "\n")
+        elif name in ("bind", "unbind") and real.parent.parent.name == "drivers":
+            self._bind(tree, real.parent.name, name, data)
+        elif name == "drivers_probe":
+            self._probe(tree, data.strip())
+        else:
+            write(real, data)
+
+    # -- mdev -----------------------------------------------------------------------------------
+    def _create_mdev(self, tree: SimTree, type_dir: Path, data: str) -> None:
+        if len(data) == 0:
+            return  # a 0-byte write never reaches the kernel's create_store
+        if not 36 <= len(data) <= 37 or not _UUID.match(data[:36]):
+            raise _err(errno.EINVAL, "create")
+        uuid = data[:36].lower()
+        if (tree.sys / "bus/mdev/devices" / uuid).is_symlink():
+            raise _err(errno.EEXIST, "create")
+        pdir = type_dir.parent.parent
+        available = int((type_dir / "available_instances").read_text())
+        if available <= 0:
+            sample = tree.state["samples"].get(pdir.name)
+            code = errno.EUSERS if sample and sample["errno"] == "EUSERS" else errno.ENOSPC
+            raise _err(code, "create")
+        tree.add_mdev(pdir, uuid, type_dir.name)
+        self._refresh_parent(tree, pdir)
+
+    def _remove_mdev(self, tree: SimTree, mdir: Path, data: str) -> None:
+        try:
+            value = int(data.strip(), 0)
+        except ValueError:
+            raise _err(errno.EINVAL, "remove") from None
+        if value == 0:
+            return
+        group = os.path.basename(os.readlink(mdir / "iommu_group"))
+        if _held(tree.root, f"/dev/vfio/{group}"):
+            # The real kernel blocks the writer until the VM lets go; vgpumgr must never get here.
+            raise _err(errno.EBUSY, "remove (the real kernel would block here until the VM releases it)")
+        pdir = mdir.parent
+        tree.remove_mdev(mdir)
+        self._refresh_parent(tree, pdir)
+
+    def _refresh_parent(self, tree: SimTree, pdir: Path) -> None:
+        sample = tree.state["samples"].get(pdir.name)
+        if sample:
+            existing = [t for _, t in tree.mdevs_of(pdir)]
+            for tname, n in rules.pool_available(sample["costs"], sample["budget"], existing).items():
+                write(pdir / "mdev_supported_types" / tname / "available_instances", f"{n}\n")
+            return
+        pf = simgpus.physical_gpu_of(tree, pdir)
+        if pf:
+            simgpus.refresh(tree, pf)
+
+    # -- SR-IOV ---------------------------------------------------------------------------------
+    def _sriov_numvfs(self, tree: SimTree, pfdir: Path, data: str) -> None:
+        try:
+            n = int(data.strip(), 0)
+        except ValueError:
+            raise _err(errno.EINVAL, "sriov_numvfs") from None
+        total = int((pfdir / "sriov_totalvfs").read_text())
+        current = int((pfdir / "sriov_numvfs").read_text())
+        if not (pfdir / "driver").is_symlink():
+            raise _err(errno.ENOENT, "sriov_numvfs (no driver bound to the PF)")
+        if n == current:
+            return
+        if n > total:
+            raise _err(errno.ERANGE, "sriov_numvfs")
+        if n and current:
+            raise _err(errno.EBUSY, "sriov_numvfs")
+        if n == 0:
+            simgpus.disable_vfs(tree, pfdir.name)
+        else:
+            simgpus.enable_vfs(tree, pfdir.name, n)
+        if pfdir.name in tree.state["gpus"]:
+            simgpus.refresh(tree, pfdir.name)
+
+    # -- NVIDIA vendor-specific VF --------------------------------------------------------------
+    def _current_vgpu_type(self, tree: SimTree, vfdir: Path, data: str) -> None:
+        try:
+            value = int(data.strip(), 10)
+        except ValueError:
+            raise _err(errno.EINVAL, "current_vgpu_type") from None
+        cur_file = vfdir / "nvidia/current_vgpu_type"
+        current = int(cur_file.read_text())
+        if value == 0:
+            if current == 0:
+                raise _err(errno.EPERM, "current_vgpu_type")
+            group = os.path.basename(os.readlink(vfdir / "iommu_group"))
+            if _held(tree.root, f"/dev/vfio/{group}") or _held(tree.root, str(vfdir)):
+                raise _err(errno.EBUSY, "current_vgpu_type")
+            write(cur_file, "0\n")
+        else:
+            if current != 0:
+                raise _err(errno.EPERM, "current_vgpu_type")
+            creatable = (vfdir / "nvidia/creatable_vgpu_types").read_text().splitlines()[1:]
+            ids = {int(line.split(":", 1)[0]) for line in creatable if ":" in line}
+            if value not in ids:
+                raise _err(errno.EINVAL, "current_vgpu_type")
+            write(cur_file, f"{value}\n")
+        pf = simgpus.physical_gpu_of(tree, vfdir)
+        if pf:
+            simgpus.refresh(tree, pf)
+
+    # -- drivers --------------------------------------------------------------------------------
+    def _bind(self, tree: SimTree, driver: str, action: str, data: str) -> None:
+        address = data.strip()
+        d = tree.sys / "bus/pci/devices" / address
+        if not d.is_symlink():
+            raise _err(errno.ENODEV, action)
+        if action == "unbind":
+            if tree.unbind(address) != driver:
+                raise _err(errno.ENODEV, action)
+            return
+        if (d / "driver").is_symlink():
+            raise _err(errno.EBUSY, action)
+        override = (d / "driver_override").read_text().strip()
+        if override not in ("(null)", driver):
+            raise _err(errno.ENODEV, action)
+        tree.bind(address, driver)
+
+    def _probe(self, tree: SimTree, address: str) -> None:
+        d = tree.sys / "bus/pci/devices" / address
+        if not d.is_symlink():
+            raise _err(errno.ENODEV, "drivers_probe")
+        if (d / "driver").is_symlink():
+            return
+        override = (d / "driver_override").read_text().strip()
+        if override != "(null)":
+            tree.bind(address, override)
+            return
+        real = d.resolve()
+        pf = simgpus.physical_gpu_of(tree, real)
+        gpu = tree.state["gpus"].get(pf or "", {})
+        default = gpu.get("vf_driver") if (real / "physfn").is_symlink() else gpu.get("driver")
+        if default:
+            tree.bind(address, default)
+
+
+def _held(root: Path, target: str) -> bool:
+    """Is a simulated process holding `target` open? (root/proc/<pid>/fd/<n> symlinks, as on a host)."""
+    proc = root / "proc"
+    if not proc.is_dir():
+        return False
+    for p in os.scandir(proc):
+        fd = os.path.join(p.path, "fd")
+        if not os.path.isdir(fd):
+            continue
+        for f in os.scandir(fd):
+            try:
+                if os.readlink(f.path) == target:
+                    return True
+            except OSError:
+                continue
+    return False

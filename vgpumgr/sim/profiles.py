@@ -1,0 +1,138 @@
+"""Simulated host profiles: `vgpumgr sim create DIR --profile P [--scale N]`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vgpumgr.errors import Conflict, InvalidInput
+from vgpumgr.host import SIM_MARKER
+from vgpumgr.sim import catalog
+from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu
+from vgpumgr.sim.tree import INTEL, NVIDIA, SimTree, write
+
+# Real names from the pci.ids database, written into the simulated root so discovery resolves them
+# the same way it does on a host.
+PCI_IDS = """\
+10de  NVIDIA Corporation
+\t1eb8  TU104GL [Tesla T4]
+\t20b5  GA100 [A100 PCIe 80GB]
+\t2235  GA102GL [A40]
+\t2330  GH100 [H100 SXM5 80GB]
+\t26b9  AD102GL [L40S]
+8086  Intel Corporation
+\t3e92  CoffeeLake-S GT2 [UHD Graphics 630]
+"""
+
+
+def _t4(numa: int) -> dict[str, Any]:
+    return {"model": "T4", "vendor": NVIDIA, "device": "1eb8", "subsys": (NVIDIA, "12a2"), "numa": numa,
+            "driver": "nvidia", "iface": MDEV_PF, "catalog": catalog.T4, "total_fb_mb": 16384}
+
+
+def _a40(numa: int, vfs: int) -> dict[str, Any]:
+    return {"model": "A40", "vendor": NVIDIA, "device": "2235", "subsys": (NVIDIA, "145a"), "numa": numa,
+            "driver": "nvidia", "vf_driver": "nvidia", "iface": MDEV_VF, "catalog": catalog.A40,
+            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs}
+
+
+def _l40s(numa: int, vfs: int) -> dict[str, Any]:
+    return {"model": "L40S", "vendor": NVIDIA, "device": "26b9", "subsys": (NVIDIA, "1851"), "numa": numa,
+            "driver": "nvidia", "vf_driver": "nvidia", "iface": NVIDIA_VF, "catalog": catalog.L40S,
+            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs}
+
+
+def _a100(numa: int, vfs: int) -> dict[str, Any]:
+    return {"model": "A100D", "vendor": NVIDIA, "device": "20b5", "subsys": (NVIDIA, "1533"), "numa": numa,
+            "driver": "nvidia", "vf_driver": "nvidia", "iface": MDEV_VF,
+            "catalog": catalog.A100D_TIMESLICED + catalog.A100D_MIG, "total_fb_mb": 81920,
+            "totalvfs": 20, "numvfs": vfs, "mig": True, "nvml_profile": "a100-mig"}
+
+
+def _h100(numa: int, vfs: int) -> dict[str, Any]:
+    return {"model": "H100XM", "vendor": NVIDIA, "device": "2330", "subsys": (NVIDIA, "16c1"), "numa": numa,
+            "driver": "nvidia", "vf_driver": "nvidia", "iface": NVIDIA_VF, "catalog": catalog.H100XM_MIG,
+            "total_fb_mb": 81920, "totalvfs": 32, "numvfs": vfs, "mig": True, "nvml_profile": "h100"}
+
+
+def _gvtg() -> dict[str, Any]:
+    return {"model": "UHD630", "vendor": INTEL, "device": "3e92", "subsys": (INTEL, "2212"), "numa": -1,
+            "class": "0x030000", "driver": "i915", "iface": GVTG, "total_fb_mb": 0}
+
+
+def _bus(base: int, copy: int) -> int:
+    return base + copy * 2
+
+
+def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
+    def gpus(base_bus: int, make: Callable[[int], dict[str, Any]], numa_alternate: bool = True) -> None:
+        for c in range(scale):
+            bus = _bus(base_bus, c)
+            if bus > 0xFF:
+                raise InvalidInput(f"--scale {scale} is too large for profile {profile}", hint="use a smaller --scale")
+            add_gpu(tree, f"0000:{bus:02x}:00.0", make(c % 2 if numa_alternate else 0))
+
+    if profile == "t4":
+        gpus(0x3B, _t4)
+    elif profile == "a40-sriov":
+        gpus(0x41, lambda n: _a40(n, 32 if vfs is None else vfs))
+    elif profile == "l40s-vfio":
+        gpus(0x3D, lambda n: _l40s(n, 32 if vfs is None else vfs))
+    elif profile == "a100-mig":
+        gpus(0x65, lambda n: _a100(n, 20 if vfs is None else vfs))
+    elif profile == "h100-mig":
+        gpus(0x19, lambda n: _h100(n, 32 if vfs is None else vfs))
+    elif profile == "gvtg":
+        add_gpu(tree, "0000:00:02.0", _gvtg())
+    elif profile == "samples":
+        add_samples(tree)
+    elif profile == "mixed":
+        add_gpu(tree, "0000:00:02.0", _gvtg())
+        for c in range(scale):
+            add_gpu(tree, f"0000:{_bus(0x3B, c):02x}:00.0", _t4(0))
+            add_gpu(tree, f"0000:{_bus(0x3D, c):02x}:00.0", _l40s(0, 8 if vfs is None else vfs))
+            add_gpu(tree, f"0000:{_bus(0x65, c):02x}:00.0", _a100(1, 8 if vfs is None else vfs))
+    else:
+        raise InvalidInput(f"unknown simulator profile '{profile}'", hint=f"choose one of: {', '.join(PROFILES)}")
+
+
+PROFILES = ("t4", "a40-sriov", "l40s-vfio", "a100-mig", "h100-mig", "gvtg", "samples", "mixed")
+
+
+def add_samples(tree: SimTree) -> None:
+    """The kernel's sample mdev drivers (mtty, mdpy, mbochs), as the real-kernel lab loads them."""
+    for parent, spec in catalog.SAMPLE_PARENTS.items():
+        pdir = tree.add_virtual_parent(parent)
+        for tname, t in spec["types"].items():
+            tree.add_type(pdir, tname, t["name"], t["description"], spec["budget"] // t["cost"])
+        tree.state["samples"][parent] = {"budget": spec["budget"], "errno": spec["errno"],
+                                         "costs": {n: t["cost"] for n, t in spec["types"].items()}}
+
+
+def create(root: str | Path, profile: str, scale: int = 1, vfs: int | None = None, force: bool = False) -> Path:
+    root = Path(root)
+    if scale < 1:
+        raise InvalidInput("--scale must be at least 1")
+    if root.exists() and any(root.iterdir()):
+        if not force and not (root / SIM_MARKER).exists():
+            raise Conflict(f"{root} exists and is not a simulated host", hint="choose an empty or new directory")
+        if not force:
+            raise Conflict(f"{root} already holds a simulated host", hint="pass --force to rebuild it")
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    state = {"version": 1, "profile": profile, "scale": scale, "next_iommu_group": 10, "gpus": {}, "samples": {}}
+    (root / SIM_MARKER).write_text(json.dumps(state))
+    for d in ("sys/bus/mdev/devices", "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "proc"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    write(root / "sys/bus/pci/drivers_probe", "")
+    write(root / "dev/vfio/vfio", "")
+    write(root / "usr/share/misc/pci.ids", PCI_IDS)
+    tree = SimTree(root)
+    for drv in ("nvidia", "vfio-pci", "i915"):
+        tree.ensure_driver(drv)
+    _build(tree, profile, scale, vfs)
+    tree.save()
+    return root

@@ -1,0 +1,228 @@
+"""Builds and edits a simulated sysfs tree laid out as the kernel lays it out.
+
+Real directories live under sys/devices/...; sys/bus/pci/devices, sys/class/mdev_bus,
+sys/bus/mdev/devices, iommu_groups and driver links are relative symlinks into them, exactly as on a
+host. The kernel emulator (kernel.py) uses the same helpers to apply the effects of writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from vgpumgr.host import SIM_MARKER
+
+NVIDIA = "10de"
+INTEL = "8086"
+
+
+def write(path: Path, content: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+
+
+def link(path: Path, target: Path) -> None:
+    """A relative symlink, as sysfs has them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        path.unlink()
+    path.symlink_to(os.path.relpath(target, path.parent))
+
+
+def bdf_split(address: str) -> tuple[int, int, int, int]:
+    dom, bus, rest = address.split(":")
+    slot, fn = rest.split(".")
+    return int(dom, 16), int(bus, 16), int(slot, 16), int(fn)
+
+
+def bdf(dom: int, bus: int, slot: int, fn: int) -> str:
+    return f"{dom:04x}:{bus:02x}:{slot:02x}.{fn}"
+
+
+def vf_address(pf: str, index: int, offset: int = 4, stride: int = 1) -> str:
+    dom, bus, slot, fn = bdf_split(pf)
+    rid = (bus << 8 | slot << 3 | fn) + offset + index * stride
+    return bdf(dom, rid >> 8, (rid >> 3) & 0x1F, rid & 7)
+
+
+class SimTree:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.sys = self.root / "sys"
+        self._state: dict[str, Any] | None = None
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.root / SIM_MARKER
+
+    @property
+    def state(self) -> dict[str, Any]:
+        if self._state is None:
+            self._state = json.loads(self.state_path.read_text())
+        return self._state
+
+    def save(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1, sort_keys=True))
+        os.replace(tmp, self.state_path)
+
+    def new_iommu_group(self) -> int:
+        n = self.state["next_iommu_group"]
+        self.state["next_iommu_group"] = n + 1
+        return n
+
+    # -- paths ----------------------------------------------------------------------------------
+    def device_dir(self, address: str) -> Path:
+        return (self.sys / "bus/pci/devices" / address).resolve()
+
+    def parent_dir(self, parent: str) -> Path:
+        return (self.sys / "class/mdev_bus" / parent).resolve()
+
+    # -- PCI functions --------------------------------------------------------------------------
+    def add_pci(self, address: str, *, vendor: str, device: str, subsys: tuple[str, str], cls: str,
+                numa: int, driver: str | None, parent_dir: Path | None = None) -> Path:
+        dom, bus, _, _ = bdf_split(address)
+        if parent_dir is None:
+            if bus == 0:
+                parent_dir = self.sys / f"devices/pci{dom:04x}:00"
+            else:
+                parent_dir = self.sys / f"devices/pci{dom:04x}:{bus - 1:02x}/{bdf(dom, bus - 1, 0, 0)}"
+        d = parent_dir / address
+        write(d / "vendor", f"0x{vendor}\n")
+        write(d / "device", f"0x{device}\n")
+        write(d / "subsystem_vendor", f"0x{subsys[0]}\n")
+        write(d / "subsystem_device", f"0x{subsys[1]}\n")
+        write(d / "class", f"{cls}\n")
+        write(d / "numa_node", f"{numa}\n")
+        write(d / "driver_override", "(null)\n")
+        write(d / "reset_method", "flr\n")
+        write(d / "local_cpulist", "0-15\n" if numa <= 0 else "16-31\n")
+        link(self.sys / "bus/pci/devices" / address, d)
+        group = self.new_iommu_group()
+        gdir = self.sys / f"kernel/iommu_groups/{group}"
+        link(d / "iommu_group", gdir)
+        link(gdir / "devices" / address, d)
+        write(self.root / f"dev/vfio/.group-{group}", "")  # placeholder; /dev/vfio/<N> appears with vfio-pci
+        if driver:
+            self.bind(address, driver)
+        return d
+
+    def ensure_driver(self, name: str) -> Path:
+        ddir = self.sys / "bus/pci/drivers" / name
+        for f in ("bind", "unbind", "new_id", "remove_id"):
+            if not (ddir / f).exists():
+                write(ddir / f, "")
+        return ddir
+
+    def bind(self, address: str, driver: str) -> None:
+        d = self.device_dir(address)
+        ddir = self.ensure_driver(driver)
+        link(d / "driver", ddir)
+        link(ddir / address, d)
+        if driver == "vfio-pci":
+            group = int(os.path.basename(os.readlink(d / "iommu_group")))
+            write(self.root / f"dev/vfio/{group}", "")
+
+    def unbind(self, address: str) -> str | None:
+        d = self.device_dir(address)
+        if not (d / "driver").is_symlink():
+            return None
+        name = os.path.basename(os.readlink(d / "driver"))
+        (d / "driver").unlink()
+        dl = self.sys / "bus/pci/drivers" / name / address
+        if dl.is_symlink():
+            dl.unlink()
+        if name == "vfio-pci":
+            group = int(os.path.basename(os.readlink(d / "iommu_group")))
+            vf = self.root / f"dev/vfio/{group}"
+            if vf.exists():
+                vf.unlink()
+        return name
+
+    def remove_pci(self, address: str) -> None:
+        d = self.device_dir(address)
+        self.unbind(address)
+        group = os.path.basename(os.readlink(d / "iommu_group"))
+        gdir = self.sys / f"kernel/iommu_groups/{group}"
+        _rmtree(gdir)
+        ph = self.root / f"dev/vfio/.group-{group}"
+        if ph.exists():
+            ph.unlink()
+        (self.sys / "bus/pci/devices" / address).unlink()
+        _rmtree(d)
+
+    # -- mdev parents and types -----------------------------------------------------------------
+    def register_parent(self, parent: str, pdir: Path) -> None:
+        link(self.sys / "class/mdev_bus" / parent, pdir)
+
+    def add_type(self, pdir: Path, type_dir: str, name: str | None, description: str | None,
+                 available: int) -> None:
+        t = pdir / "mdev_supported_types" / type_dir
+        if name is not None:
+            write(t / "name", f"{name}\n")
+        if description is not None:
+            write(t / "description", description if description.endswith("\n") else description + "\n")
+        write(t / "device_api", "vfio-pci\n")
+        write(t / "available_instances", f"{available}\n")
+        write(t / "create", "")
+        (t / "devices").mkdir(exist_ok=True)
+
+    def add_virtual_parent(self, name: str) -> Path:
+        pdir = self.sys / f"devices/virtual/{name}/{name}"
+        pdir.mkdir(parents=True, exist_ok=True)
+        write(pdir / "uevent", "")
+        self.register_parent(name, pdir)
+        return pdir
+
+    def add_mdev(self, pdir: Path, uuid: str, type_dir: str) -> Path:
+        m = pdir / uuid
+        m.mkdir()
+        link(m / "mdev_type", pdir / "mdev_supported_types" / type_dir)
+        write(m / "remove", "")
+        write(m / "uevent", f"DRIVER={type_dir.split('-')[0]}\n")
+        group = self.new_iommu_group()
+        gdir = self.sys / f"kernel/iommu_groups/{group}"
+        link(m / "iommu_group", gdir)
+        link(gdir / "devices" / uuid, m)
+        write(self.root / f"dev/vfio/{group}", "")
+        link(pdir / "mdev_supported_types" / type_dir / "devices" / uuid, m)
+        link(self.sys / "bus/mdev/devices" / uuid, m)
+        if type_dir.startswith("nvidia-"):
+            write(m / "nvidia/vgpu_params", "\n")
+            write(m / "nvidia/vm_name", "\n")
+        return m
+
+    def remove_mdev(self, mdir: Path) -> None:
+        uuid = mdir.name
+        type_dir = os.path.basename(os.readlink(mdir / "mdev_type"))
+        group = os.path.basename(os.readlink(mdir / "iommu_group"))
+        for p in (mdir.parent / "mdev_supported_types" / type_dir / "devices" / uuid,
+                  self.sys / "bus/mdev/devices" / uuid, self.root / f"dev/vfio/{group}"):
+            if p.is_symlink() or p.exists():
+                p.unlink()
+        _rmtree(self.sys / f"kernel/iommu_groups/{group}")
+        _rmtree(mdir)
+
+    def mdevs_of(self, pdir: Path) -> list[tuple[str, str]]:
+        """(uuid, type dir) of the mdevs under one parent."""
+        out = []
+        for e in os.scandir(pdir):
+            if len(e.name) == 36 and e.name.count("-") == 4 and e.is_dir(follow_symlinks=False):
+                out.append((e.name, os.path.basename(os.readlink(os.path.join(e.path, "mdev_type")))))
+        return out
+
+
+def _rmtree(p: Path) -> None:
+    if p.is_symlink() or p.is_file():
+        p.unlink()
+        return
+    if not p.exists():
+        return
+    for e in os.scandir(p):
+        _rmtree(Path(e.path))
+    p.rmdir()
+
+
