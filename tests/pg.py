@@ -66,7 +66,7 @@ class PgServer:
         self._run("initdb", "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8",
                   "--no-sync", "--locale=C")
         opts = (f"-c listen_addresses='' -c unix_socket_directories='{self.dir}' -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=50")
+                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=100")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-o", opts, "-w", "-t", "60",
                   "start")
         self.started = True
