@@ -8,9 +8,9 @@ the ratio; the target is vgpumgr <= 25% of virt-install's time.
 
     .venv/bin/python scripts/bench_vm.py [--runs 15] [--sysfs-root DIR] [--vgpumgr-cmd "vgpumgr vm ..."]
 
-`{root}` in --vgpumgr-cmd is replaced by the simulated sysfs root. Without --sysfs-root the script tries
-`--sim-create` (default `vgpumgr sim create {root}`) in a temporary folder. If the vgpumgr command fails,
-its side is skipped with the reason and virt-install is still measured.
+`{root}` in --vgpumgr-cmd is replaced by the simulated sysfs root. Without --sysfs-root the script
+tries `--sim-create` (default `vgpumgr sim create --profile t4 {root}`) in a temporary folder. If the
+vgpumgr command fails, its side is skipped with the reason and virt-install is still measured.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 MDEV_UUID = "02cf755c-dcc5-5620-af1c-67549994f1ab"
 PARENT = "0000:3b:00.0"
 DEFAULT_VGPUMGR = "vgpumgr vm create bench-vm --vgpu T4-4Q --print-xml --sysfs-root {root}"
-DEFAULT_SIM_CREATE = "vgpumgr sim create {root}"
+DEFAULT_SIM_CREATE = "vgpumgr sim create --profile t4 {root}"
 
 # A test-driver host: the T4 PCI function with mdev types, and one mdev on it (libvirt nodedev XML).
 TEST_HOST = f"""<node>
