@@ -54,6 +54,7 @@ class _NvGpu:
     mode: str  # pf-mdev | vf-mdev | vf-vendor
     vfs: list[str]
     mig: bool = False
+    mixed_gb: int | None = None  # GPU size in GB when the GPU is in mixed-size mode
     vgpus: dict[str, tuple[int, str]] = field(default_factory=dict)  # parent/VF -> (type id, mdev uuid)
     pf_vgpus: list[tuple[int, str]] = field(default_factory=list)  # legacy: (type id, uuid)
 
@@ -85,10 +86,12 @@ class HostBuilder:
         self._nv[address] = _NvGpu(address, "NVIDIA", list(A40_TYPES), "vf-mdev", addrs)
         return self
 
-    def l40s(self, address: str = "0000:3d:00.0", numa: int = 0, vfs: int = 32) -> HostBuilder:
+    def l40s(self, address: str = "0000:3d:00.0", numa: int = 0, vfs: int = 32, mixed: bool = False
+             ) -> HostBuilder:
         addrs = vf_addresses(address, vfs)
         self._pf(address, "26b9", "NVIDIA L40S", numa, addrs, BACKEND_NVIDIA_VF)
-        self._nv[address] = _NvGpu(address, "NVIDIA", list(L40S_TYPES), "vf-vendor", addrs)
+        self._nv[address] = _NvGpu(address, "NVIDIA", list(L40S_TYPES), "vf-vendor", addrs,
+                                   mixed_gb=48 if mixed else None)
         return self
 
     def h100_mig(self, address: str = "0000:65:00.0", numa: int = 0, vfs: int = 16) -> HostBuilder:
@@ -127,8 +130,8 @@ class HostBuilder:
         g.vgpus[vf] = (tid, str(uuid.uuid4()))
         return vf if g.mode == "vf-vendor" else g.vgpus[vf][1]
 
-    def generic_mdev(self, parent: str, type_id: str) -> str:
-        u = str(uuid.uuid4())
+    def generic_mdev(self, parent: str, type_id: str, mdev_uuid: str | None = None) -> str:
+        u = mdev_uuid or str(uuid.uuid4())
         self._generic_mdevs.append(Mdev(u, parent, type_id, None, parent if parent != "mtty" else None))
         return u
 
@@ -141,6 +144,7 @@ class HostBuilder:
             existing = [tid for tid, _ in g.pf_vgpus] + [tid for tid, _ in g.vgpus.values()]
             by_id = {t[0]: t for t in g.types}
             sizes = {by_id[t][2] for t in existing}
+            used_gb = sum(by_id[t][2] for t in existing)
             for tid, u in g.pf_vgpus:
                 mdevs.append(Mdev(u, g.address, f"nvidia-{tid}", None, g.address))
             for vf, (tid, u) in sorted(g.vgpus.items()):
@@ -150,10 +154,12 @@ class HostBuilder:
                     vf_vgpus.append(VfVgpu(vf, f"nvidia-{tid}", f"{g.prefix} {by_id[tid][1]}", g.address))
 
             def creatable(t: tuple[int, str, int, int | str], g: _NvGpu = g, sizes: set[int] = sizes,
-                          existing: list[int] = existing) -> int:
+                          existing: list[int] = existing, used_gb: int = used_gb) -> int:
                 tid, _, gb, limit = t
                 if g.mig:
                     return 1  # the fixture lists MIG types on free VFs; free GIs are a separate input
+                if g.mixed_gb is not None:  # what still fits (placement IDs are left to the driver)
+                    return 1 if used_gb + gb <= g.mixed_gb else 0
                 if sizes and sizes != {gb}:
                     return 0
                 return max(0, int(limit) - len(existing))

@@ -24,6 +24,7 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput, NotFound
+from vgpumgr.mig import profile_for_type
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Inventory, VgpuType
 
 STRATEGIES = ("pack", "spread")
@@ -201,18 +202,16 @@ class _TypeInfo:
         return wanted in (self.type, self.name, self.short) or wanted.lower() == self.name.lower()
 
 
-# MIG-backed name attributes -> GPU-instance profile suffix. Only ME is confirmed (facts §5.1).
-_MIG_ATTR_SUFFIX = {"ME": "+me", "MEALL": "+me.all", "NOME": "-me", "GFX": "+gfx"}
-
-
 def mig_profile_for(name: str) -> str | None:
     """`NVIDIA H100XM-1-10CME` -> `1g.10gb+me`; None for time-sliced and non-NVIDIA names."""
-    parsed = ids.parse_type_name(name)
-    if parsed is None or parsed.mig_slices is None:
-        return None
-    gb = parsed.framebuffer_gb
-    gb_text = str(int(gb)) if gb == int(gb) else str(gb)
-    return f"{parsed.mig_slices}g.{gb_text}gb{_MIG_ATTR_SUFFIX.get(parsed.attr or '', '')}"
+    return profile_for_type(name)
+
+
+# Nominal framebuffer (GB) by the GPU token of type names (facts §1.3, §3.3), for vendor-VF GPUs whose
+# "creatable now" listing carries no max_instance and no NVML data is at hand.
+_NOMINAL_GB = {"T4": 16, "A2": 16, "A16": 16, "A10": 24, "L4": 24, "A30": 24, "A40": 48, "L40": 48, "L40S": 48,
+               "RTX6000-Ada": 48, "A100": 40, "A100X": 40, "A100D": 80, "A100DX": 80, "H100": 80, "H100XM": 80,
+               "H100L": 94, "H200X": 141}
 
 
 def _info_from_type(t: VgpuType) -> _TypeInfo:
@@ -299,7 +298,11 @@ class Placer:
         self.listings: dict[tuple[str, str], list[VgpuType]] = {}
         self.catalogue: dict[_Model, dict[str, _TypeInfo]] = {}
         self._model_of: dict[str, _Model] = {}
-        self._region_mb: dict[_Model, int] = {}
+        self._region_exact: dict[_Model, int] = {}  # max framebuffer x max_instance over known types
+        self._region_floor: dict[_Model, int] = {}  # largest framebuffer seen
+        for g in inv.gpus:
+            if g.physfn is None and g.nvml:
+                self._add_nvml_types(g.address, g.nvml)
         for t in inv.types:
             phys = t.gpu or self.physical(t.parent)
             key = (phys, t.type)
@@ -310,12 +313,7 @@ class Placer:
                 self._members.setdefault(model, set()).add(phys)
                 cat = self.catalogue.setdefault(model, {})
                 if t.type not in cat:
-                    info = cat[t.type] = _info_from_type(t)
-                    if info.framebuffer_mb and info.mig_profile is None:
-                        # vendor-VF listings carry no max_instance: the largest type then bounds the GPU
-                        cap = info.framebuffer_mb * (info.max_instance or 1)
-                        if cap > self._region_mb.get(model, 0):
-                            self._region_mb[model] = cap
+                    self._add_info(model, _info_from_type(t))
             else:
                 lst.append(t)
         self.types_by_parent: dict[tuple[str, str], VgpuType] = {(t.parent, t.type): t for t in inv.types}
@@ -336,8 +334,47 @@ class Placer:
     def members(self, model: _Model) -> list[str]:
         return sorted(self._members.get(model, ()))
 
-    def region_mb(self, phys: str) -> int | None:
-        return self._region_mb.get(self.model_of(phys))
+    def region_mb(self, phys: str, type_name: str = "") -> int | None:
+        """The physical GPU's nominal framebuffer: from NVML or mdev descriptions (framebuffer x
+        max_instance), else the nominal size of the model (named by a listed type or `type_name`),
+        else the largest type seen."""
+        model = self.model_of(phys)
+        exact = self._region_exact.get(model)
+        if exact:
+            return exact
+        for name in [type_name, *(i.name for i in self.catalogue.get(model, {}).values())]:
+            parsed = ids.parse_type_name(name)
+            if parsed and parsed.gpu in _NOMINAL_GB:
+                return _NOMINAL_GB[parsed.gpu] * 1024
+        return self._region_floor.get(model)
+
+    def _add_info(self, model: _Model, info: _TypeInfo) -> None:
+        self.catalogue.setdefault(model, {})[info.type] = info
+        if info.framebuffer_mb and info.mig_profile is None:
+            if info.max_instance:
+                cap = info.framebuffer_mb * info.max_instance
+                self._region_exact[model] = max(cap, self._region_exact.get(model, 0))
+            self._region_floor[model] = max(info.framebuffer_mb, self._region_floor.get(model, 0))
+
+    def _add_nvml_types(self, phys: str, nvml: Mapping[str, Any]) -> None:
+        """NVML's supported types (the static catalogue) when discovery attached them to the GPU:
+        gpu.nvml["vgpu"]["supported_types"] = [{"type", "name", "framebuffer_mb", "max_instances"}]."""
+        vgpu = nvml.get("vgpu") if isinstance(nvml, Mapping) else None
+        supported = vgpu.get("supported_types") if isinstance(vgpu, Mapping) else None
+        backend = BACKEND_NVIDIA_VF if any(
+            BACKEND_NVIDIA_VF in self.gpus[v].backends for v in self.vfs_of.get(phys, ()) if v in self.gpus
+        ) else BACKEND_MDEV
+        model = self.model_of(phys)
+        for d in supported or []:
+            if not isinstance(d, Mapping) or not d.get("type") or not d.get("name"):
+                continue
+            name = str(d["name"])
+            maxi = d.get("max_instances") if isinstance(d.get("max_instances"), int) else None
+            fb = d.get("framebuffer_mb") if isinstance(d.get("framebuffer_mb"), int) else None
+            t = VgpuType(phys, str(d["type"]), name, "", "vfio-pci", 0, backend, gpu=phys,
+                         framebuffer_mb=fb, max_instance=maxi)
+            if t.type not in self.catalogue.get(model, {}):
+                self._add_info(model, _info_from_type(t))
 
     def info(self, phys: str | None, type_id: str) -> _TypeInfo | None:
         if phys is None:
@@ -499,8 +536,11 @@ def _matched_by_model_name(px: Placer, allocations: list[Allocation],
     parsed = ids.parse_type_name(wanted)
     if parsed is None:
         return {}
-    named = [(model, i.name) for model, cat in px.catalogue.items() for i in cat.values()]
-    named += [(px.model_of(a.gpu or px.physical(a.parent)), a.name) for a in allocations if a.name]
+    # only vendor-VF listings shrink to "creatable now"; mdev parents list every supported type
+    named = [(model, i.name) for model, cat in px.catalogue.items() for i in cat.values()
+             if i.backend == BACKEND_NVIDIA_VF]
+    named += [(px.model_of(a.gpu or px.physical(a.parent)), a.name) for a in allocations
+              if a.name and a.backend == BACKEND_NVIDIA_VF]
     prefixes: dict[_Model, str] = {}
     for model, name in named:
         p = ids.parse_type_name(name)
@@ -540,7 +580,7 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
         if refusal:
             return refusal
         used_mb = sum(a.framebuffer_mb or 0 for a in allocs)
-        region = px.region_mb(g.phys) or max(used_mb + (info.framebuffer_mb or 0), 1)
+        region = px.region_mb(g.phys, info.name) or max(used_mb + (info.framebuffer_mb or 0), 1)
         share = min(used_mb / region, 1.0)
         usage = f"{len(allocs)} vGPU(s), {used_mb}/{region} MB"
     else:
@@ -645,7 +685,7 @@ def _nvidia_refusal(px: Placer, g: _Group, allocs: list[Allocation], pending: li
 
 def _mixed_size_refusal(px: Placer, g: _Group, sliced: list[tuple[Allocation, _TypeInfo]]) -> str | None:
     info = g.info
-    region_mb = px.region_mb(g.phys)
+    region_mb = px.region_mb(g.phys, info.name)
     if not region_mb:
         return f"mixed-size mode: GPU framebuffer unknown, cannot place {info.short}"
     region = region_mb // 1024
@@ -676,7 +716,7 @@ def _max_instance(px: Placer, phys: str, info: _TypeInfo) -> int | None:
     """max_instance from the description, else the rule of thumb GPU GB / type GB, capped at 32."""
     if info.max_instance:
         return info.max_instance
-    region = px.region_mb(phys)
+    region = px.region_mb(phys, info.name)
     if region and info.framebuffer_mb:
         return max(1, min(_MAX_TIMESLICED_PER_GPU, region // info.framebuffer_mb))
     return None
