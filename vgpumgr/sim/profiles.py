@@ -112,17 +112,7 @@ def add_samples(tree: SimTree) -> None:
                                          "costs": {n: t["cost"] for n, t in spec["types"].items()}}
 
 
-def create(root: str | Path, profile: str, scale: int = 1, vfs: int | None = None, force: bool = False) -> Path:
-    root = Path(root)
-    if scale < 1:
-        raise InvalidInput("--scale must be at least 1")
-    if root.exists() and any(root.iterdir()):
-        if not force and not (root / SIM_MARKER).exists():
-            raise Conflict(f"{root} exists and is not a simulated host", hint="choose an empty or new directory")
-        if not force:
-            raise Conflict(f"{root} already holds a simulated host", hint="pass --force to rebuild it")
-        shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
+def _populate(root: Path, profile: str, scale: int, vfs: int | None) -> None:
     state = {"version": 1, "profile": profile, "scale": scale, "next_iommu_group": 10, "gpus": {}, "samples": {}}
     (root / SIM_MARKER).write_text(json.dumps(state))
     for d in ("sys/bus/mdev/devices", "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "proc"):
@@ -135,4 +125,24 @@ def create(root: str | Path, profile: str, scale: int = 1, vfs: int | None = Non
         tree.ensure_driver(drv)
     _build(tree, profile, scale, vfs)
     tree.save()
+
+
+def create(root: str | Path, profile: str, scale: int = 1, vfs: int | None = None, force: bool = False) -> Path:
+    root = Path(root)
+    if scale < 1:
+        raise InvalidInput("--scale must be at least 1")
+    if profile not in PROFILES:
+        raise InvalidInput(f"unknown simulator profile '{profile}'", hint=f"choose one of: {', '.join(PROFILES)}")
+    if root.exists() and any(root.iterdir()):
+        if not (root / SIM_MARKER).exists():  # never delete a directory we did not make, --force or not
+            raise Conflict(f"{root} exists and is not a simulated host", hint="choose an empty or new directory")
+        if not force:
+            raise Conflict(f"{root} already holds a simulated host", hint="pass --force to rebuild it")
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        _populate(root, profile, scale, vfs)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)  # nothing half-made
+        raise
     return root

@@ -1,0 +1,121 @@
+"""The CLI contract: golden text and JSON for `gpus` and `types`, lifecycle commands, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simhost import make, run
+
+GOLDEN = Path(__file__).parent / "golden" / "cli"
+UPDATE = os.environ.get("VGPUMGR_UPDATE_GOLDEN") == "1"
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"output differs from {path} (VGPUMGR_UPDATE_GOLDEN=1 rewrites it)"
+
+
+@pytest.mark.parametrize("profile", ["t4", "mixed", "gvtg"])
+def test_gpus_and_types_golden(tmp_path: Path, profile: str) -> None:
+    root = str(make(tmp_path, profile).root)
+    for cmd, extra in (("gpus", []), ("types", [])):
+        rc, out, _ = run("--sysfs-root", root, cmd, *extra)
+        assert rc == 0
+        golden(f"{profile}-{cmd}.txt", out)
+        rc, out, _ = run("--sysfs-root", root, cmd, "--json", *extra)
+        assert rc == 0
+        golden(f"{profile}-{cmd}.json", out)
+
+
+def test_json_contract_fields(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "mixed").root)
+    gpus = json.loads(run("--sysfs-root", root, "gpus", "--json")[1])
+    for g in gpus:
+        assert {"address", "vendor_id", "device_id", "name", "driver", "numa_node", "iommu_group", "physfn", "sriov",
+                "backends"} <= set(g)
+    vf = next(g for g in gpus if g["address"] == "0000:3d:00.4")
+    assert vf["physfn"] == "0000:3d:00.0"
+    types = json.loads(run("--sysfs-root", root, "types", "--json")[1])
+    for t in types:
+        assert {"parent", "type", "name", "description", "device_api", "available_instances", "backend"} <= set(t)
+        assert t["backend"] in ("mdev", "nvidia-vf")
+
+
+def test_type_named_by_id_short_or_full_name(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "t4").root)
+    for name in ("nvidia-232", "T4-4Q", "GRID T4-4Q"):
+        rc, out, err = run("--sysfs-root", root, "mdev", "create", "--parent", "0000:3b:00.0", "--type", name, "--json")
+        assert rc == 0, err
+        assert json.loads(out)["type"] == "nvidia-232"
+    listed = json.loads(run("--sysfs-root", root, "mdev", "list", "--json")[1])
+    assert len(listed) == 3
+    for m in listed:
+        assert run("--sysfs-root", root, "mdev", "remove", m["uuid"])[0] == 0
+    assert json.loads(run("--sysfs-root", root, "mdev", "list", "--json")[1]) == []
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["mdev", "create", "--parent", "../../etc", "--type", "x"], 2, "is not an mdev parent"),
+    (["mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-4Q", "--uuid", "nope"], 2, "is not a UUID"),
+    (["mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-99Q"], 3, "no vGPU type 'T4-99Q'"),
+    (["mdev", "remove", "c0ffee00-0000-4000-8000-000000000009"], 3, "no mdev"),
+    (["types", "--parent", "0000:aa:00.0"], 3, "no mdev parent or vGPU VF"),
+    (["vf", "set", "0000:3b:00.0", "nvidia-1"], 2, "no NVIDIA vendor-specific"),
+    (["sriov", "set", "0000:3b:00.0", "2"], 2, "not SR-IOV capable"),
+])
+def test_bad_input_exits_non_zero_with_a_clear_message(tmp_path: Path, argv: list[str], code: int, message: str
+                                                       ) -> None:
+    root = str(make(tmp_path, "t4").root)
+    rc, out, err = run("--sysfs-root", root, *argv)
+    assert rc == code
+    assert message in err and "hint:" in err
+
+
+def test_no_capacity_and_busy_exit_codes(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "t4").root)
+    u = "c0ffee00-0000-4000-8000-00000000000a"
+    assert run("--sysfs-root", root, "mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-16Q", "--uuid", u)[0] == 0
+    rc, _, err = run("--sysfs-root", root, "mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-1Q")
+    assert rc == 4 and "no nvidia-230 instances left" in err
+    assert run("--sysfs-root", root, "sim", "hold", u)[0] == 0
+    rc, _, err = run("--sysfs-root", root, "mdev", "remove", u)
+    assert rc == 4 and "qemu-system-x86[" in err
+
+
+def test_vf_commands(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "l40s-vfio", vfs=2).root)
+    rc, out, err = run("--sysfs-root", root, "vf", "set", "0000:3d:00.4", "L40S-4Q")
+    assert rc == 0, err
+    assert "nvidia-1150" in out
+    rows = json.loads(run("--sysfs-root", root, "vf", "list", "--json")[1])
+    assert rows[0] == {"address": "0000:3d:00.4", "physfn": "0000:3d:00.0", "current_vgpu_type": "nvidia-1150",
+                       "creatable": 0}
+    assert run("--sysfs-root", root, "vf", "clear", "0000:3d:00.4")[0] == 0
+
+
+def test_sysfs_root_from_environment_and_missing_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = str(make(tmp_path, "t4").root)
+    monkeypatch.setenv("VGPUMGR_SYSFS_ROOT", root)
+    assert json.loads(run("gpus", "--json")[1])[0]["address"] == "0000:3b:00.0"
+    rc, _, err = run("--sysfs-root", str(tmp_path / "missing"), "gpus")
+    assert rc == 2 and "is not a directory" in err
+
+
+def test_console_script_runs_and_help_is_fast_to_import(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "t4").root)
+    exe = Path(sys.executable).with_name("vgpumgr")
+    p = subprocess.run([str(exe), "--sysfs-root", root, "types", "--json"], capture_output=True, text=True, check=True)
+    assert len(json.loads(p.stdout)) == 17
+    code = "import sys, vgpumgr.cli.main as m; m.build_parser(); print(sorted(k for k in sys.modules if k in " \
+           "('lxml', 'libvirt', 'sqlalchemy', 'fastapi', 'pyudev', 'pynvml')))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert p.stdout.strip() == "[]"  # no heavy import on the CLI start path
