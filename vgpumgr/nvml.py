@@ -415,6 +415,11 @@ class NvmlLayer:
         n = self.nvml
         table = self.mig_table(address)
         wanted = table.find(profile)
+        with self._errors(f"reading the MIG mode of {address}"):
+            current, pending = n.nvmlDeviceGetMigMode(self._handle(address))
+        if not current:
+            raise Conflict(f"MIG mode is off on {address}" + (" (on after a GPU reset)" if pending else ""),
+                           hint="enable it first (`vgpumgr mig enable`), then reset the GPU if that is pending")
         placed = mig.plan(table, self.gpu_instances(address), wanted, start)
         with self._errors(f"creating GPU instance {wanted.name} at {placed.start} on {address}"):
             handle = self._handle(address)

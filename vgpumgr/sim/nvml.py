@@ -1,0 +1,573 @@
+"""A simulated NVML with pynvml's API surface, for a simulated root only.
+
+`SimNvml(state_path)` behaves like the `pynvml` module for the calls vgpumgr makes: same function
+names, pynvml's own NVMLError subclasses, ctypes structs and handle types, so `NvmlLayer` cannot tell
+the difference. Placements must be passed `byref()` as with the real library. Whatever pynvml has that
+is not simulated answers NVMLError_FunctionNotFound; constants and struct types come from pynvml.
+
+State lives in one JSON file (`create_state` writes it) so separate processes see the same GPUs:
+
+    {"version": 1, "driver_version": "...", "gpus": [
+      {"profile": "a100-mig", "address": "0000:3b:00.0", "uuid": "GPU-...", "serial": "...",
+       "mig_mode": [current, pending], "gpu_instances": [
+         {"id": 1, "profile_id": 9, "start": 0, "size": 4,
+          "compute_instances": [{"id": 0, "profile_id": 2, "start": 0, "size": 3}]}],
+       "heterogeneous_mode": 0, "scheduler": {"policy": 1, "arr": 0, "timeslice_ns": 0},
+       "lost": false, "not_supported": ["nvmlDeviceGetSerial"]}]}
+
+`lost` makes every call on that GPU answer GpuIsLost; `not_supported` lists functions that answer
+NotSupported for it (error-path tests and demos).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from vgpumgr import ids, mig
+
+STATE_VERSION = 1
+_LICENSE = {  # docs/nvidia-vgpu-facts.md §4.1
+    "A": "GRID-Virtual-Apps,3.0",
+    "B": "GRID-Virtual-PC,2.0;Quadro-Virtual-DWS,5.0;GRID-Virtual-WS,2.0;GRID-Virtual-WS-Ext,2.0",
+    "C": "NVIDIA-vComputeServer,9.0",
+    "Q": "Quadro-Virtual-DWS,5.0;GRID-Virtual-WS,2.0;GRID-Virtual-WS-Ext,2.0",
+}
+_CLASS = {"A": "NVS", "B": "NVS", "C": "Compute", "Q": "Quadro"}  # [unverified] class strings
+_CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}  # NVML_COMPUTE_INSTANCE_PROFILE_* -> compute slices
+_MIN_TIMESLICE_NS, _MAX_TIMESLICE_NS = 1_000_000, 30_000_000  # simulator's choice, not observed
+
+
+@dataclass(frozen=True)
+class VgpuTypeSpec:
+    id: int
+    name: str
+    framebuffer_mb: int
+    max_instances: int
+    gi_profile_id: int | None = None  # MIG-backed types only
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    pci_id: tuple[int, int]  # vendor, device
+    subsystem: tuple[int, int]
+    memory_mb: int
+    mig_table: str | None  # key of vgpumgr.mig.KNOWN_TABLES
+    mig_default: tuple[int, int]
+    reset_for_mig: bool  # Ampere: a MIG mode change stays pending until a GPU reset
+    types: tuple[VgpuTypeSpec, ...]
+
+
+def _timesliced(prefix: str, first_id: int, gbs: Sequence[int], series: str, total_gb: int) -> list[VgpuTypeSpec]:
+    return [VgpuTypeSpec(first_id + i, f"{prefix}-{gb}{series}", gb * 1024, min(32, total_gb // gb))
+            for i, gb in enumerate(gbs)]
+
+
+def _mig_types(prefix: str, table: str, rows: Sequence[tuple[int, str]]) -> list[VgpuTypeSpec]:
+    profiles = mig.KNOWN_TABLES[table]
+    out = []
+    for type_id, short in rows:
+        name = f"{prefix}{short}"
+        profile = profiles.find(mig.profile_for_type(name) or "")
+        out.append(VgpuTypeSpec(type_id, name, profile.memory_mb, profile.max_instances, profile.id))
+    return out
+
+
+# Type IDs from docs/nvidia-vgpu-facts.md §1.3/§5.1; H100 time-sliced IDs are not known there and are
+# fabricated in the 90000 range so nobody mistakes them for real ones.
+SIM_PROFILES: dict[str, GpuSpec] = {
+    "a100-mig": GpuSpec(
+        "NVIDIA A100 80GB PCIe", (0x10DE, 0x20B5), (0x10DE, 0x1533), 81920, "a100-80gb", (1, 1), True,
+        tuple(_timesliced("GRID A100D", 692, (4, 8, 10, 16, 20, 40, 80), "C", 80)
+              + _mig_types("GRID A100D-", "a100-80gb", ((699, "1-10C"), (700, "2-20C"), (701, "3-40C"),
+                                                         (702, "4-40C"), (703, "7-80C"), (707, "1-10CME"),
+                                                         (1054, "1-20C"))))),
+    "h100": GpuSpec(
+        "NVIDIA H100 80GB HBM3", (0x10DE, 0x2330), (0x10DE, 0x16C1), 81559, "h100-80gb", (0, 0), False,
+        tuple(_timesliced("NVIDIA H100XM", 90001, (4, 5, 8, 10, 16, 20, 40, 80), "C", 80)
+              + _mig_types("NVIDIA H100XM-", "h100-80gb", ((1130, "1-10CME"), (1131, "1-10C"), (1132, "1-20C"),
+                                                            (1133, "2-20C"), (1134, "3-40C"), (1135, "4-40C"),
+                                                            (1136, "7-80C"))))),
+    "l40s": GpuSpec(
+        "NVIDIA L40S", (0x10DE, 0x26B9), (0x10DE, 0x1851), 46068, None, (0, 0), False,
+        tuple(_timesliced("NVIDIA L40S", 1145, (1, 2), "B", 48)
+              + _timesliced("NVIDIA L40S", 1147, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "Q", 48)
+              + _timesliced("NVIDIA L40S", 1157, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "A", 48)
+              + [VgpuTypeSpec(2164, "NVIDIA L40S-3B", 3072, 16)])),
+}
+
+
+def create_state(state_path: str | os.PathLike[str], gpus: Sequence[tuple[str, str]],
+                 driver_version: str = "580.159.04") -> None:
+    """Write a fresh state file: `gpus` is [(profile, pci address)], e.g. [("h100", "0000:3b:00.0")]."""
+    entries = []
+    for profile, address in gpus:
+        if profile not in SIM_PROFILES:
+            raise ValueError(f"unknown simulated GPU profile {profile!r}; known: {', '.join(SIM_PROFILES)}")
+        address = ids.pci_address(address)
+        spec = SIM_PROFILES[profile]
+        entries.append({
+            "profile": profile, "address": address,
+            "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, 'vgpumgr-sim:' + address)}",
+            "serial": str(1320000000000 + int(address.replace(":", "").replace(".", ""), 16) % 10**9),
+            "mig_mode": list(spec.mig_default), "gpu_instances": [], "heterogeneous_mode": 0,
+            "scheduler": {"policy": 1, "arr": 0, "timeslice_ns": 0}, "lost": False, "not_supported": [],
+        })
+    _write(Path(state_path), {"version": STATE_VERSION, "driver_version": driver_version, "gpus": entries})
+
+
+def _write(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+def _ptr(value: int, ctype: Any) -> Any:
+    return ctypes.cast(ctypes.c_void_p(value), ctype)
+
+
+def _addr(handle: Any) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def _deref(ref: Any) -> Any:
+    """What a byref() points at; anything else is the by-value mistake the real library punishes."""
+    obj = getattr(ref, "_obj", None)
+    if obj is None:
+        raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return obj
+
+
+class SimNvml:
+    """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
+
+    def __init__(self, state_path: str | os.PathLike[str]) -> None:
+        self.state_path = Path(state_path)
+        self._state: dict[str, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(pynvml, name)  # constants, structs, NVMLError classes
+        if name.startswith("nvml") and callable(value):
+            def not_simulated(*_args: Any, **_kwargs: Any) -> Any:
+                raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return not_simulated
+        return value
+
+    # -- state ----------------------------------------------------------------------------------
+    def _load(self) -> dict[str, Any]:
+        if self._state is None:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        try:
+            self._state = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise _err(pynvml.NVML_ERROR_GPU_NOT_FOUND) from exc
+        return self._state
+
+    @contextmanager
+    def _mutate(self) -> Iterator[dict[str, Any]]:
+        lock_path = self.state_path.with_name(self.state_path.name + ".lock")
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = self._load()
+            yield state
+            _write(self.state_path, state)
+
+    def _gpu(self, state: dict[str, Any], handle: Any, call: str) -> tuple[dict[str, Any], GpuSpec]:
+        index = (_addr(handle) >> 16) - 1
+        if not 0 <= index < len(state["gpus"]):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = state["gpus"][index]
+        if gpu.get("lost"):
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if call in gpu.get("not_supported", ()):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu, SIM_PROFILES[gpu["profile"]]
+
+    def _read(self, handle: Any, call: str) -> tuple[dict[str, Any], GpuSpec]:
+        return self._gpu(self._load(), handle, call)
+
+    def _table(self, spec: GpuSpec) -> mig.ProfileTable:
+        if spec.mig_table is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return mig.KNOWN_TABLES[spec.mig_table]
+
+    @staticmethod
+    def _gi(gpu: dict[str, Any], handle: Any) -> dict[str, Any]:
+        gi_id = ((_addr(handle) >> 8) & 0xFF) - 1
+        found = next((g for g in gpu["gpu_instances"] if g["id"] == gi_id), None)
+        if found is None:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return found
+
+    # -- library -------------------------------------------------------------------------------
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        if not self.state_path.is_file():
+            raise _err(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        self._state = {}
+        self._load()
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self._state = None
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        return self._load()["driver_version"]
+
+    def nvmlSystemGetNVMLVersion(self) -> str:  # noqa: N802
+        return "13." + self._load()["driver_version"]
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+        self._load()
+        return 13000
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self._load()["gpus"])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: N802
+        if not 0 <= index < len(self._load()["gpus"]):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return _ptr((index + 1) << 16, pynvml.c_nvmlDevice_t)
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> Any:  # noqa: N802
+        text = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+        for index, gpu in enumerate(self._load()["gpus"]):
+            if ids.is_pci_address(text) and gpu["address"] == ids.pci_address(text):
+                return self.nvmlDeviceGetHandleByIndex(index)
+        raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # -- device facts --------------------------------------------------------------------------
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
+        gpu, spec = self._read(handle, "nvmlDeviceGetPciInfo")
+        domain, bus, rest = gpu["address"].split(":")
+        slot, function = rest.split(".")
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = f"{int(domain, 16):08X}:{bus.upper()}:{slot.upper()}.{function}".encode()
+        info.busIdLegacy = f"{int(domain, 16):04X}:{bus.upper()}:{slot.upper()}.{function}".encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(slot, 16)
+        info.pciDeviceId = spec.pci_id[1] << 16 | spec.pci_id[0]
+        info.pciSubSystemId = spec.subsystem[1] << 16 | spec.subsystem[0]
+        return info
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+        return self._read(handle, "nvmlDeviceGetName")[1].name
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+        return self._read(handle, "nvmlDeviceGetUUID")[0]["uuid"]
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:  # noqa: N802
+        return self._read(handle, "nvmlDeviceGetSerial")[0]["serial"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:  # noqa: N802
+        _gpu, spec = self._read(handle, "nvmlDeviceGetMemoryInfo")
+        memory = pynvml.c_nvmlMemory_t()
+        memory.total = spec.memory_mb * 1024 * 1024
+        memory.used = 480 * 1024 * 1024
+        memory.free = memory.total - memory.used
+        return memory
+
+    def nvmlDeviceGetVirtualizationMode(self, handle: Any) -> int:  # noqa: N802
+        self._read(handle, "nvmlDeviceGetVirtualizationMode")
+        return pynvml.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU
+
+    def nvmlDeviceGetHostVgpuMode(self, handle: Any) -> int:  # noqa: N802
+        self._read(handle, "nvmlDeviceGetHostVgpuMode")
+        return 1  # SR-IOV: every simulated GPU is Ampere or later
+
+    # -- MIG -----------------------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:  # noqa: N802
+        gpu, spec = self._read(handle, "nvmlDeviceGetMigMode")
+        self._table(spec)
+        return list(gpu["mig_mode"])
+
+    def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:  # noqa: N802
+        with self._mutate() as state:
+            gpu, spec = self._gpu(state, handle, "nvmlDeviceSetMigMode")
+            self._table(spec)
+            if not mode and gpu["gpu_instances"]:
+                raise _err(pynvml.NVML_ERROR_IN_USE)
+            gpu["mig_mode"] = [gpu["mig_mode"][0] if spec.reset_for_mig else int(bool(mode)), int(bool(mode))]
+        return pynvml.NVML_SUCCESS
+
+    def reset_gpu(self, address: str) -> None:
+        """What `nvidia-smi -r` does to the simulated GPU: a pending MIG mode takes effect."""
+        with self._mutate() as state:
+            gpu = next(g for g in state["gpus"] if g["address"] == ids.pci_address(address))
+            gpu["mig_mode"][0] = gpu["mig_mode"][1]
+            gpu["gpu_instances"] = []
+
+    def _profile(self, spec: GpuSpec, profile_id: int) -> mig.Profile:
+        profile = self._table(spec).by_id(profile_id)
+        if profile is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return profile
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, enum: int, version: int = 2) -> Any:  # noqa: N802
+        _gpu, spec = self._read(handle, "nvmlDeviceGetGpuInstanceProfileInfo")
+        if enum >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT - 1:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        p = next((p for p in self._table(spec).profiles if p.enum_index == enum), None)
+        if p is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        me = p.name.endswith("+me")
+        info.id, info.sliceCount, info.instanceCount = p.id, p.compute_slices, p.max_instances
+        info.multiprocessorCount, info.memorySizeMB = p.multiprocessors or 0, p.memory_mb
+        info.copyEngineCount = info.decoderCount = info.jpegCount = p.compute_slices
+        info.ofaCount = int(me or p.compute_slices == 7)
+        if version == 2:
+            info.name = f"MIG {p.name}".encode()
+        return info
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle: Any, profile_id: int, placements: Any,  # noqa: N802
+                                                   count_ref: Any) -> int:
+        _gpu, spec = self._read(handle, "nvmlDeviceGetGpuInstancePossiblePlacements")
+        profile = self._profile(spec, profile_id)
+        count = _deref(count_ref)
+        if placements is not None:
+            if len(placements) < len(profile.starts):
+                raise _err(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            for i, start in enumerate(profile.starts):
+                placements[i].start, placements[i].size = start, profile.size
+        count.value = len(profile.starts)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profile_id: int) -> int:  # noqa: N802
+        gpu, spec = self._read(handle, "nvmlDeviceGetGpuInstanceRemainingCapacity")
+        table, profile = self._table(spec), self._profile(spec, profile_id)
+        layout, added = _placed(gpu), 0
+        while (start := mig.best_start(table, layout, profile)) is not None:
+            layout.append(mig.Placed(profile.id, start, profile.size))
+            added += 1
+        return added
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: int,  # noqa: N802
+                                                 placement_ref: Any) -> Any:
+        placement = _deref(placement_ref)
+        return self._create_gi(handle, profile_id, placement.start, placement.size)
+
+    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: int) -> Any:  # noqa: N802
+        return self._create_gi(handle, profile_id, None, None)
+
+    def _create_gi(self, handle: Any, profile_id: int, start: int | None, size: int | None) -> Any:
+        with self._mutate() as state:
+            gpu, spec = self._gpu(state, handle, "nvmlDeviceCreateGpuInstance")
+            table, profile = self._table(spec), self._profile(spec, profile_id)
+            if not gpu["mig_mode"][0]:
+                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            layout = _placed(gpu)
+            if start is None:
+                start = mig.best_start(table, layout, profile)
+                if start is None:
+                    raise _err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            elif size != profile.size or start not in profile.starts:
+                raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            elif mig.placement_problem(table, layout, profile, start):
+                raise _err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            gi_id = next(i for i in range(1, 64) if all(g["id"] != i for g in gpu["gpu_instances"]))
+            gpu["gpu_instances"].append({"id": gi_id, "profile_id": profile.id, "start": start,
+                                         "size": profile.size, "compute_instances": []})
+        return _ptr(_addr(handle) | (gi_id + 1) << 8, pynvml.c_nvmlGpuInstance_t)
+
+    def nvmlDeviceGetGpuInstances(self, handle: Any, profile_id: int, array: Any, count_ref: Any) -> int:  # noqa: N802
+        gpu, spec = self._read(handle, "nvmlDeviceGetGpuInstances")
+        self._profile(spec, profile_id)
+        mine = [g for g in gpu["gpu_instances"] if g["profile_id"] == profile_id]
+        if len(array) < len(mine):
+            raise _err(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, gi in enumerate(mine):
+            array[i] = _ptr(_addr(handle) | (gi["id"] + 1) << 8, pynvml.c_nvmlGpuInstance_t)
+        _deref(count_ref).value = len(mine)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: int) -> Any:  # noqa: N802
+        gpu, _spec = self._read(handle, "nvmlDeviceGetGpuInstanceById")
+        found = _ptr(_addr(handle) | (gi_id + 1) << 8, pynvml.c_nvmlGpuInstance_t)
+        self._gi(gpu, found)
+        return found
+
+    def nvmlGpuInstanceGetInfo(self, gi_handle: Any) -> Any:  # noqa: N802
+        gpu, _spec = self._read(gi_handle, "nvmlGpuInstanceGetInfo")
+        gi = self._gi(gpu, gi_handle)
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.device = _ptr(_addr(gi_handle) & ~0xFFFF, pynvml.c_nvmlDevice_t)
+        info.id, info.profileId = gi["id"], gi["profile_id"]
+        info.placement.start, info.placement.size = gi["start"], gi["size"]
+        return info
+
+    def nvmlGpuInstanceDestroy(self, gi_handle: Any) -> int:  # noqa: N802
+        with self._mutate() as state:
+            gpu, _spec = self._gpu(state, gi_handle, "nvmlGpuInstanceDestroy")
+            gi = self._gi(gpu, gi_handle)
+            if gi["compute_instances"]:
+                raise _err(pynvml.NVML_ERROR_IN_USE)
+            gpu["gpu_instances"].remove(gi)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi_handle: Any, enum: int, engine: int,  # noqa: N802
+                                                     version: int = 2) -> Any:
+        gpu, spec = self._read(gi_handle, "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        gi_slices = self._profile(spec, self._gi(gpu, gi_handle)["profile_id"]).compute_slices
+        slices = _CI_SLICES.get(enum)
+        if slices is None or slices > gi_slices or engine != 0:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = (pynvml.c_nvmlComputeInstanceProfileInfo_v2_t() if version == 2
+                else pynvml.c_nvmlComputeInstanceProfileInfo_t())
+        info.id, info.sliceCount, info.instanceCount = enum, slices, gi_slices // slices
+        if version == 2:
+            info.name = f"{slices}c.{gi_slices}g".encode()
+        return info
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi_handle: Any, ci_profile_id: int) -> Any:  # noqa: N802
+        with self._mutate() as state:
+            gpu, spec = self._gpu(state, gi_handle, "nvmlGpuInstanceCreateComputeInstance")
+            gi = self._gi(gpu, gi_handle)
+            gi_slices = self._profile(spec, gi["profile_id"]).compute_slices
+            slices = _CI_SLICES.get(ci_profile_id)
+            if slices is None or slices > gi_slices:
+                raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            used = sum(c["size"] for c in gi["compute_instances"])
+            if used + slices > gi_slices:
+                raise _err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            ci_id = next(i for i in range(64) if all(c["id"] != i for c in gi["compute_instances"]))
+            gi["compute_instances"].append({"id": ci_id, "profile_id": ci_profile_id, "start": used, "size": slices})
+        return _ptr(_addr(gi_handle) | (ci_id + 1), pynvml.c_nvmlComputeInstance_t)
+
+    def nvmlGpuInstanceGetComputeInstances(self, gi_handle: Any, ci_profile_id: int, array: Any,  # noqa: N802
+                                           count_ref: Any) -> int:
+        gpu, _spec = self._read(gi_handle, "nvmlGpuInstanceGetComputeInstances")
+        mine = [c for c in self._gi(gpu, gi_handle)["compute_instances"] if c["profile_id"] == ci_profile_id]
+        if len(array) < len(mine):
+            raise _err(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, ci in enumerate(mine):
+            array[i] = _ptr(_addr(gi_handle) | (ci["id"] + 1), pynvml.c_nvmlComputeInstance_t)
+        _deref(count_ref).value = len(mine)
+        return pynvml.NVML_SUCCESS
+
+    def _ci(self, gpu: dict[str, Any], ci_handle: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        gi = self._gi(gpu, ci_handle)
+        ci_id = (_addr(ci_handle) & 0xFF) - 1
+        found = next((c for c in gi["compute_instances"] if c["id"] == ci_id), None)
+        if found is None:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return gi, found
+
+    def nvmlComputeInstanceGetInfo(self, ci_handle: Any) -> Any:  # noqa: N802
+        gpu, _spec = self._read(ci_handle, "nvmlComputeInstanceGetInfo")
+        _gi, ci = self._ci(gpu, ci_handle)
+        info = pynvml.c_nvmlComputeInstanceInfo_t()
+        info.id, info.profileId = ci["id"], ci["profile_id"]
+        info.placement.start, info.placement.size = ci["start"], ci["size"]
+        return info
+
+    def nvmlComputeInstanceDestroy(self, ci_handle: Any) -> int:  # noqa: N802
+        with self._mutate() as state:
+            gpu, _spec = self._gpu(state, ci_handle, "nvmlComputeInstanceDestroy")
+            gi, ci = self._ci(gpu, ci_handle)
+            gi["compute_instances"].remove(ci)
+        return pynvml.NVML_SUCCESS
+
+    # -- vGPU types, modes, scheduler -------------------------------------------------------------
+    def nvmlDeviceGetSupportedVgpus(self, handle: Any) -> list[int]:  # noqa: N802
+        return [t.id for t in self._read(handle, "nvmlDeviceGetSupportedVgpus")[1].types]
+
+    def nvmlDeviceGetCreatableVgpus(self, handle: Any) -> list[int]:  # noqa: N802
+        """MIG on: MIG-backed types whose GI profile has a GI; MIG off: time-sliced types (vGPUs that
+        exist in the simulated sysfs are not seen here)."""
+        gpu, spec = self._read(handle, "nvmlDeviceGetCreatableVgpus")
+        if spec.mig_table and gpu["mig_mode"][0]:
+            have = {g["profile_id"] for g in gpu["gpu_instances"]}
+            return [t.id for t in spec.types if t.gi_profile_id in have]
+        return [t.id for t in spec.types if t.gi_profile_id is None]
+
+    def _type(self, type_id: int) -> VgpuTypeSpec:
+        self._load()
+        for spec in SIM_PROFILES.values():
+            for t in spec.types:
+                if t.id == type_id:
+                    return t
+        raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _series(self, type_id: int) -> str:
+        parsed = ids.parse_type_name(self._type(type_id).name)
+        return parsed.series if parsed else "Q"
+
+    def nvmlVgpuTypeGetName(self, type_id: int) -> str:  # noqa: N802
+        return self._type(type_id).name
+
+    def nvmlVgpuTypeGetClass(self, type_id: int) -> str:  # noqa: N802
+        return _CLASS[self._series(type_id)]
+
+    def nvmlVgpuTypeGetLicense(self, type_id: int) -> str:  # noqa: N802
+        return _LICENSE[self._series(type_id)]
+
+    def nvmlVgpuTypeGetFramebufferSize(self, type_id: int) -> int:  # noqa: N802
+        return self._type(type_id).framebuffer_mb * 1024 * 1024
+
+    def nvmlVgpuTypeGetMaxInstances(self, handle: Any, type_id: int) -> int:  # noqa: N802
+        self._read(handle, "nvmlVgpuTypeGetMaxInstances")
+        return self._type(type_id).max_instances
+
+    def nvmlVgpuTypeGetGpuInstanceProfileId(self, type_id: int) -> int:  # noqa: N802
+        gi = self._type(type_id).gi_profile_id
+        return 0xFFFFFFFF if gi is None else gi
+
+    def nvmlDeviceGetVgpuHeterogeneousMode(self, handle: Any) -> int:  # noqa: N802
+        gpu, spec = self._read(handle, "nvmlDeviceGetVgpuHeterogeneousMode")
+        if spec.mig_table and gpu["mig_mode"][0]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu["heterogeneous_mode"]
+
+    def nvmlDeviceSetVgpuHeterogeneousMode(self, handle: Any, mode: int) -> int:  # noqa: N802
+        with self._mutate() as state:
+            gpu, spec = self._gpu(state, handle, "nvmlDeviceSetVgpuHeterogeneousMode")
+            if spec.mig_table and gpu["mig_mode"][0]:
+                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            gpu["heterogeneous_mode"] = int(bool(mode))
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetVgpuSchedulerState(self, handle: Any) -> Any:  # noqa: N802
+        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState")
+        sched = gpu["scheduler"]
+        state = pynvml.c_nvmlVgpuSchedulerGetState_t()
+        state.schedulerPolicy = sched["policy"]
+        state.arrMode = (pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE if sched["arr"]
+                         else pynvml.NVML_VGPU_SCHEDULER_ARR_DISABLE)
+        state.schedulerParams.vgpuSchedData.timeslice = sched["timeslice_ns"]
+        return state
+
+    def nvmlDeviceGetVgpuSchedulerCapabilities(self, handle: Any) -> Any:  # noqa: N802
+        self._read(handle, "nvmlDeviceGetVgpuSchedulerCapabilities")
+        caps = pynvml.c_nvmlVgpuSchedulerCapabilities_t()
+        for i, policy in enumerate((1, 2, 3)):
+            caps.supportedSchedulers[i] = policy
+        caps.minTimeslice, caps.maxTimeslice = _MIN_TIMESLICE_NS, _MAX_TIMESLICE_NS
+        return caps
+
+    def nvmlDeviceSetVgpuSchedulerState(self, handle: Any, sched_state: Any) -> int:  # noqa: N802
+        with self._mutate() as state:
+            gpu, _spec = self._gpu(state, handle, "nvmlDeviceSetVgpuSchedulerState")
+            policy = sched_state.schedulerPolicy
+            timeslice = sched_state.schedulerParams.vgpuSchedData.timeslice
+            if policy not in (1, 2, 3) or (timeslice and not _MIN_TIMESLICE_NS <= timeslice <= _MAX_TIMESLICE_NS):
+                raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            gpu["scheduler"] = {"policy": policy, "arr": int(sched_state.enableARRMode == 2),
+                                "timeslice_ns": timeslice if policy != 1 else 0}
+        return pynvml.NVML_SUCCESS
+
+
+def _placed(gpu: dict[str, Any]) -> list[mig.Placed]:
+    return [mig.Placed(g["profile_id"], g["start"], g["size"], g["id"]) for g in gpu["gpu_instances"]]
