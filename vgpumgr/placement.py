@@ -316,7 +316,7 @@ class Placer:
                     self._add_info(model, _info_from_type(t))
             else:
                 lst.append(t)
-        self.types_by_parent: dict[tuple[str, str], VgpuType] = {(t.parent, t.type): t for t in inv.types}
+        self._region_memo: dict[tuple[_Model, str], int | None] = {}
 
     # -- lookups
     def physical(self, parent: str) -> str:
@@ -342,11 +342,15 @@ class Placer:
         exact = self._region_exact.get(model)
         if exact:
             return exact
-        for name in [type_name, *(i.name for i in self.catalogue.get(model, {}).values())]:
-            parsed = ids.parse_type_name(name)
-            if parsed and parsed.gpu in _NOMINAL_GB:
-                return _NOMINAL_GB[parsed.gpu] * 1024
-        return self._region_floor.get(model)
+        key = (model, type_name)
+        if key not in self._region_memo:
+            self._region_memo[key] = self._region_floor.get(model)
+            for name in [type_name, *(i.name for i in self.catalogue.get(model, {}).values())]:
+                parsed = ids.parse_type_name(name)
+                if parsed and parsed.gpu in _NOMINAL_GB:
+                    self._region_memo[key] = _NOMINAL_GB[parsed.gpu] * 1024
+                    break
+        return self._region_memo[key]
 
     def _add_info(self, model: _Model, info: _TypeInfo) -> None:
         self.catalogue.setdefault(model, {})[info.type] = info
@@ -386,8 +390,7 @@ class Placer:
         out: list[Allocation] = []
         for m in self.inv.mdevs:
             phys = m.gpu or self.physical(m.parent)
-            t = self.types_by_parent.get((m.parent, m.type))
-            info = _info_from_type(t) if t else self.info(phys, m.type)
+            info = self.info(phys, m.type)
             gpu = phys if phys in self.gpus else None
             out.append(Allocation(gpu, m.parent, m.type, info.framebuffer_mb if info else None, None,
                                   BACKEND_MDEV, m.uuid, info.name if info else None))
@@ -788,10 +791,10 @@ def explain_text(decision: Decision) -> str:
     rows: list[tuple[str, str, str, str, str]] = []
     if decision.choice:
         c = decision.choice
-        rows.append(("chosen", c.gpu or "-", c.parent, c.name, c.why))
+        rows.append(("chosen", c.gpu or "-", c.parent, _type_cell(c.name, c.type), c.why))
     for r in decision.rejected:
         result = "fits" if r.fits else "rejected"
-        rows.append((result, r.gpu or "-", r.parent or "(any VF)", r.name, r.reason))
+        rows.append((result, r.gpu or "-", r.parent or "(any VF)", _type_cell(r.name, r.type), r.reason))
     lines = [head]
     if not decision.choice:
         lines.append("no parent can take this vGPU now")
@@ -802,3 +805,7 @@ def explain_text(decision: Decision) -> str:
             cells = [cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)]
             lines.append("  ".join([*cells, row[4]]))
     return "\n".join(lines)
+
+
+def _type_cell(name: str, type_id: str) -> str:
+    return f"{name} ({type_id})" if type_id and type_id != name else name
