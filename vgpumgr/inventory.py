@@ -9,8 +9,9 @@ from vgpumgr.host import Host
 from vgpumgr.model import Inventory, VgpuType
 
 
-def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
-    return mdev_disc.discover_types(host, parent) + nvidia_vf.discover_types(host, parent)
+def discover_types(host: Host, parent: str | None = None, cache_path: str | None = None) -> list[VgpuType]:
+    cache = mdev_disc.TypeCache(cache_path)
+    return mdev_disc.discover_types(host, parent, cache) + nvidia_vf.discover_types(host, parent)
 
 
 def scan(host: Host, known_type_names: dict[int, str] | None = None) -> Inventory:

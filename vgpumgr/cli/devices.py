@@ -67,7 +67,7 @@ def types(args: argparse.Namespace, out: TextIO) -> int:
 
     cfg = config(args)
     parent = ids.parent_name(args.parent) if args.parent else None
-    found = discover_types(cfg.host, parent)
+    found = discover_types(cfg.host, parent, cache_path=str(cfg.state_dir / "cache" / "mdev-types.json"))
     if parent and not found and not cfg.host.parent(parent).exists() and not (
             ids.is_pci_address(parent) and cfg.host.pci(parent).exists()):
         raise NotFound(f"no mdev parent or vGPU VF {parent}", hint="`vgpumgr types` lists all parents")

@@ -20,5 +20,9 @@ def table(out: TextIO, headers: Sequence[str], rows: Sequence[Sequence[Any]], em
 
 
 def dump_json(out: TextIO, data: Any) -> None:
-    json.dump(data, out, indent=2, sort_keys=False)
+    """Lists print one object per line (readable, and fast: the C encoder does each object)."""
+    if isinstance(data, list):
+        out.write("[\n" + ",\n".join("  " + json.dumps(o) for o in data) + ("\n]\n" if data else "]\n"))
+        return
+    json.dump(data, out, indent=2)
     out.write("\n")

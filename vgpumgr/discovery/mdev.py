@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -53,27 +54,74 @@ def physical_gpu(host: Host, parent: str) -> str | None:
     return link_name(f"{host.mdev_bus}/{parent}/physfn") or parent
 
 
-def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
+class TypeCache:
+    """Static facts of mdev types (name, description, device_api) keyed by the identity of each parent's
+    `mdev_supported_types` directory, so a repeated scan re-reads only `available_instances`.
+
+    A driver reload re-creates the directory (new inode), which invalidates the entry."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.data: dict[str, dict] = {}
+        self.dirty = False
+        if path:
+            try:
+                with open(path) as f:
+                    self.data = json.load(f)
+            except (OSError, ValueError):
+                self.data = {}
+
+    def get(self, parent: str, key: list[int]) -> dict[str, list[str]] | None:
+        entry = self.data.get(parent)
+        return entry["types"] if entry and entry.get("key") == key else None
+
+    def put(self, parent: str, key: list[int], types: dict[str, list[str]]) -> None:
+        self.data[parent] = {"key": key, "types": types}
+        self.dirty = True
+
+    def save(self) -> None:
+        if not (self.path and self.dirty):
+            return
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.data, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a read-only state dir only costs speed
+
+
+def discover_types(host: Host, parent: str | None = None, cache: TypeCache | None = None) -> list[VgpuType]:
     out: list[VgpuType] = []
+    cache = cache or TypeCache(None)
     for p in [ids.parent_name(parent)] if parent else parents(host):
         base = f"{host.mdev_bus}/{p}/mdev_supported_types"
+        try:
+            st = os.stat(base)
+        except OSError:
+            continue
+        key = [st.st_ino, st.st_ctime_ns]
+        static = cache.get(p, key)
+        if static is None:
+            static = {}
+            for tdir in listdir(base):
+                d = f"{base}/{tdir}"
+                name, desc = read(f"{d}/name", "") or "", read(f"{d}/description", "") or ""
+                t = enrich(VgpuType(parent=p, type=tdir, name=name, description=desc.replace("\n", ", "),
+                                    device_api=read(f"{d}/device_api", "") or "", available_instances=0,
+                                    backend=BACKEND_MDEV, params=parse_description(desc)))
+                static[tdir] = [t.name, t.description, t.device_api, t.params, t.framebuffer_mb, t.max_instance,
+                                t.series, t.mig_slices]
+            cache.put(p, key, static)
         gpu = physical_gpu(host, p)
-        for tdir in listdir(base):
-            d = f"{base}/{tdir}"
-            desc = read(f"{d}/description", "") or ""
-            avail = read(f"{d}/available_instances", "0") or "0"
-            t = VgpuType(
-                parent=p,
-                type=tdir,
-                name=read(f"{d}/name", "") or "",
-                description=desc.replace("\n", ", "),
-                device_api=read(f"{d}/device_api", "") or "",
-                available_instances=int(avail) if avail.isdigit() else 0,
-                backend=BACKEND_MDEV,
-                params=parse_description(desc),
-                gpu=gpu,
-            )
-            out.append(enrich(t))
+        for tdir, (name, desc, api, params, fb, maxi, series, slices) in static.items():
+            avail = read(f"{base}/{tdir}/available_instances", "0") or "0"
+            out.append(VgpuType(parent=p, type=tdir, name=name, description=desc, device_api=api,
+                                available_instances=int(avail) if avail.isdigit() else 0, backend=BACKEND_MDEV,
+                                params=dict(params), gpu=gpu, framebuffer_mb=fb, max_instance=maxi, series=series,
+                                mig_slices=slices))
+    cache.save()
     return out
 
 
