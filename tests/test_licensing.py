@@ -41,13 +41,18 @@ class World:
     def vm(self, name: str):
         return store.upsert_vm(self.s, self.host, name)
 
-    def place(self, vm, gpu, series: str, mode: str = "enforce"):
+    def place(self, vm, gpu, series: str, mode: str = "enforce", link_after: bool = False):
+        """Seat first, then the allocation carrying it (the service's order); or link afterwards."""
+        lease = None if link_after else licensing.acquire(self.s, vm, gpu, series, mode, today=TODAY)
         alloc = store.reserve_allocation(self.s, self.host, backend="mdev", parent=gpu.address,
                                          type_id="nvidia-558", uuid=str(uuid.uuid4()), gpu=gpu, vm=vm,
-                                         series=series)
-        lease = licensing.acquire(self.s, vm, gpu, series, mode, allocation=alloc, today=TODAY)
-        self.s.flush()
+                                         series=series, lease=lease)
+        if link_after:
+            lease = licensing.acquire(self.s, vm, gpu, series, mode, allocation=alloc, today=TODAY)
         return alloc, lease
+
+    def held(self, vm) -> list[int]:
+        return [lease.id for lease in licensing.leases(self.s, vm=vm)]
 
     def usage(self) -> dict[str, licensing.EditionUsage]:
         return {u.edition: u for u in licensing.usage(self.s, today=TODAY)}
@@ -72,9 +77,9 @@ def test_per_vm_unit_counts_one_seat_per_vm(world: World) -> None:
         world.place(vm3, world.gpu_a, "Q")
 
     store.release(world.s, a1)
-    assert l1.released_at is None  # vm1 still holds a2
+    assert world.held(vm1) == [l1.id]  # vm1 still holds a2
     store.release(world.s, a2)
-    assert l1.released_at is not None
+    assert world.held(vm1) == []
     _, l3 = world.place(vm3, world.gpu_a, "Q")
     assert l3.id != l1.id and world.usage()["vWS"].free == 0
 
@@ -83,16 +88,18 @@ def test_per_gpu_unit_counts_one_seat_per_physical_gpu(world: World) -> None:
     licensing.add_pool(world.s, name="cs", edition_name="vCS", seats=3, unit="gpu")
     vm = world.vm("train")
     a1, l1 = world.place(vm, world.gpu_a, "C")
-    a2, l2 = world.place(vm, world.gpu_a, "C")
+    a2, l2 = world.place(vm, world.gpu_a, "C", link_after=True)
     _, l3 = world.place(vm, world.gpu_b, "C")
+    assert (a1.lease_id, a2.lease_id) == (l1.id, l1.id)
     assert l1.id == l2.id and l3.id != l1.id
     u = world.usage()["vCS"]
     assert (u.seats, u.used, u.free) == (3, 2, 1)
     assert sorted(h.gpu for h in u.holders) == ["0000:3b:00.0", "0000:5e:00.0"]
     assert {h.vm for h in u.holders} == {"train"}
     store.release(world.s, a1)
+    assert world.usage()["vCS"].used == 2
     store.release(world.s, a2)
-    assert world.usage()["vCS"].used == 1
+    assert world.usage()["vCS"].used == 1 and world.held(vm) == [l3.id]
 
 
 def test_cheapest_edition_with_a_free_seat_wins(world: World) -> None:
@@ -129,11 +136,11 @@ def test_expired_pools_do_not_count(world: World) -> None:
 
 def test_warn_mode_allows_and_audits(world: World) -> None:
     vm = world.vm("nolicence")
-    alloc, lease = world.place(vm, world.gpu_a, "Q", mode="warn")
+    alloc, lease = world.place(vm, world.gpu_a, "Q", mode="warn", link_after=True)
     assert lease is None and alloc.lease_id is None
     events = audit.query(world.s, vm="nolicence")
     assert [(e.action, e.outcome) for e in events] == [(audit.LICENCE_ACQUIRE, "warning")]
-    assert "vWS" in events[0].error and events[0].host == "h1"
+    assert "vWS" in events[0].error and events[0].host == "h1" and events[0].vgpu == alloc.uuid
 
 
 def test_off_mode_and_unlicensed_types_take_nothing(world: World) -> None:

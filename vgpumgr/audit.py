@@ -1,7 +1,7 @@
 """Append-only, hash-chained audit events.
 
 Each event stores the previous event's hash and its own: sha256(prev_hash + canonical JSON of the
-event). Appending reads and updates one head row (seq, hash) under a lock, so it costs three
+event). Appending advances one head row (seq, hash) under its lock, so it costs two or three
 statements however long the chain is, and two writers can never both extend the same head.
 `verify` walks the chain and names the first event that was altered, deleted or inserted.
 """
@@ -12,12 +12,13 @@ import csv
 import hashlib
 import io
 import json
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Engine, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from vgpumgr.db.models import GENESIS_HASH, OUTCOMES, AuditEvent, AuditHead, utcnow
@@ -73,13 +74,31 @@ def _hash_of(ev: Any) -> str:
                       error=ev.error, detail=ev.detail)
 
 
+_HEAD_FOR_UPDATE = select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1).with_for_update()
+_INSERT_EVENT = insert(AuditEvent.__table__)
+_HEAD = AuditHead.__table__
+_UPDATE_HEAD = update(_HEAD).where(_HEAD.c.id == 1).values(seq=bindparam("seq"), hash=bindparam("hash"))
+_ADVANCE_HEAD = (update(_HEAD)
+                 .where(_HEAD.c.id == 1, _HEAD.c.seq == bindparam("old_seq"), _HEAD.c.hash == bindparam("old_hash"))
+                 .values(seq=bindparam("seq"), hash=bindparam("hash")))
+# Per engine, the head this process last wrote: usually still the head, which saves a read per append.
+_last_head: weakref.WeakKeyDictionary[Engine, tuple[int, str]] = weakref.WeakKeyDictionary()
+
+
+def _link(values: dict[str, Any], head_seq: int, head_hash: str) -> None:
+    values["seq"] = head_seq + 1
+    values["prev_hash"] = head_hash
+    fields = {k: v for k, v in values.items() if k not in ("prev_hash", "hash")}
+    values["hash"] = event_hash(head_hash, **fields)
+
+
 def append(session: Session, *, actor: str, action: str, outcome: str, host: str, gpu: str | None = None,
            vm: str | None = None, vgpu: str | None = None, error: str | BaseException | None = None,
            detail: dict[str, Any] | None = None, at: datetime | None = None) -> AuditEvent:
     """Add one event to the chain inside the caller's transaction (it commits with the change it records).
 
-    Locks the chain head until that transaction ends: on PostgreSQL with SELECT ... FOR UPDATE, on
-    SQLite through vgpumgr's BEGIN IMMEDIATE transactions."""
+    The head row stays locked until that transaction ends (row lock on PostgreSQL, the BEGIN IMMEDIATE
+    write lock on SQLite), so concurrent appends queue up instead of forking the chain."""
     if outcome not in OUTCOMES:
         raise InvalidInput(f"audit outcome '{outcome}' is not one of {', '.join(OUTCOMES)}")
     if not actor or not action or not host:
@@ -88,17 +107,26 @@ def append(session: Session, *, actor: str, action: str, outcome: str, host: str
         error = str(error)
     at = (at or utcnow()).astimezone(UTC)
     detail = _canonical_detail(detail)
-    head_seq, head_hash = session.execute(
-        select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1).with_for_update()
-    ).one()
-    seq = head_seq + 1
-    digest = event_hash(head_hash, seq=seq, at=at, host=host, actor=actor, action=action, outcome=outcome,
-                        gpu=gpu, vm=vm, vgpu=vgpu, error=error, detail=detail)
-    event = AuditEvent(seq=seq, at=at, host=host, actor=actor, action=action, outcome=outcome, gpu=gpu, vm=vm,
-                       vgpu=vgpu, error=error, detail=detail, prev_hash=head_hash, hash=digest)
-    session.add(event)
-    session.execute(update(AuditHead).where(AuditHead.id == 1).values(seq=seq, hash=digest))
-    return event
+    # Core statements on the session's connection: same transaction, none of the ORM's per-call cost.
+    conn = session.connection()
+    values = {"at": at, "host": host, "actor": actor, "action": action, "outcome": outcome, "gpu": gpu,
+              "vm": vm, "vgpu": vgpu, "error": error, "detail": detail}
+    cached = _last_head.get(conn.engine)
+    if cached is not None:
+        # Optimistic: assume the head is still the one this process wrote last. The conditional UPDATE
+        # takes the head's lock and only succeeds if no one else appended (or rolled back) since.
+        _link(values, *cached)
+        advanced = conn.execute(_ADVANCE_HEAD, {"seq": values["seq"], "hash": values["hash"],
+                                                "old_seq": cached[0], "old_hash": cached[1]}).rowcount
+        if advanced != 1:
+            cached = None
+    if cached is None:
+        head_seq, head_hash = conn.execute(_HEAD_FOR_UPDATE).one()
+        _link(values, head_seq, head_hash)
+        conn.execute(_UPDATE_HEAD, {"seq": values["seq"], "hash": values["hash"]})
+    conn.execute(_INSERT_EVENT, values)
+    _last_head[conn.engine] = (values["seq"], values["hash"])
+    return AuditEvent(**values)  # a detached copy of what was written
 
 
 def head(session: Session) -> tuple[int, str]:

@@ -19,9 +19,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from typing import TypeVar
 
-from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Boolean, and_, bindparam, case, func, insert, or_, select, update
+from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm.attributes import set_committed_value
 
 from vgpumgr import audit
 from vgpumgr.db.models import (
@@ -55,6 +57,7 @@ MODE_ENFORCE = "enforce"
 MODE_WARN = "warn"
 MODE_OFF = "off"
 MODES = (MODE_ENFORCE, MODE_WARN, MODE_OFF)
+T = TypeVar("T")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -172,28 +175,23 @@ def acquire(session: Session, vm: Vm | None, gpu: Gpu | None, series: str | None
             allocation: Allocation | None = None, actor: str = "vgpumgr", host_name: str | None = None,
             passthrough_editions: Sequence[str] | None = None, today: date | None = None
             ) -> LicenceLease | None:
-    """Take (or reuse) the seat a vGPU of `series` on `gpu` needs for `vm`; link it to `allocation`.
+    """Take (or reuse) the seat a vGPU of `series` on `gpu` needs for `vm`.
 
-    Returns None when no licence applies (mode off, no series, no VM) or, in warn mode, when no
-    seat is free (a warning audit event is written). In enforce mode a missing seat raises NoSeat.
-    Call inside the placement's transaction: pools are locked (PostgreSQL) so hosts sharing a
-    database cannot hand out the same last seat twice."""
+    Pass the lease to store.reserve_allocation(lease=...), or give `allocation` here to link an
+    existing one. Returns None when no licence applies (mode off, no series, no VM) or, in warn
+    mode, when no seat is free (a warning audit event is written then). In enforce mode a missing
+    seat raises NoSeat. Runs inside the placement's transaction; on PostgreSQL an advisory lock
+    keeps hosts that share the database from handing out the same last seat twice."""
     check_mode(mode)
     editions = edition_candidates(series, passthrough_editions)
     if mode == MODE_OFF or not editions or vm is None:
         return None
-    day = _today(today)
-    lease = _reusable_lease(session, vm, gpu, editions, day)
-    if lease is None:
-        pool = _pool_with_free_seat(session, gpu, editions, day)
-        if pool is not None:
-            lease = LicenceLease(pool=pool, pool_id=pool.id, host_id=vm.host_id, vm_id=vm.id,
-                                 gpu_id=gpu.id if gpu is not None and pool.unit == UNIT_GPU else None,
-                                 holder=_holder(vm, gpu, pool.unit))
-            session.add(lease)
+    lease = _reuse_or_take(session, vm, gpu, editions, _today(today))
     if lease is not None:
-        if allocation is not None:
-            allocation.lease = lease
+        if allocation is not None and allocation.lease_id != lease.id:
+            session.connection().execute(_LINK, {"aid": allocation.id, "lid": lease.id})
+            set_committed_value(allocation, "lease_id", lease.id)
+            set_committed_value(allocation, "lease", lease)
         return lease
 
     wanted = " or ".join(editions)
@@ -211,52 +209,72 @@ def acquire(session: Session, vm: Vm | None, gpu: Gpu | None, series: str | None
     return None
 
 
-def _reusable_lease(session: Session, vm: Vm, gpu: Gpu | None, editions: list[str],
-                    today: date) -> LicenceLease | None:
-    """A seat the VM already holds that also covers this request (same GPU for a per-GPU pool)."""
-    same_gpu = LicenceLease.gpu_id == gpu.id if gpu is not None else False
-    stmt = (select(LicenceLease).join(LicenceLease.pool)
-            .where(LicenceLease.vm_id == vm.id, LicenceLease.released_at.is_(None),
-                   LicencePool.edition.in_(editions), _valid(today),
-                   or_(LicencePool.unit == UNIT_VM, same_gpu)))
-    leases = session.scalars(stmt).unique().all()
-    return min(leases, key=lambda lease: EDITION_COST[lease.pool.edition], default=None)
+_P = LicencePool.__table__
+_L = LicenceLease.__table__
+_A = Allocation.__table__
+# Per candidate pool: seats in use, and a lease this VM already holds there that covers the GPU asked
+# for (per-VM leases carry no GPU, so they cover any). One statement.
+_POOL_STATS = (
+    select(_P, func.count(_L.c.id).label("used"),
+           func.max(case((and_(_L.c.vm_id == bindparam("vm_id"),
+                               or_(_L.c.gpu_id.is_(None), _L.c.gpu_id == bindparam("gpu_id"))), _L.c.id)))
+           .label("reusable"))
+    .select_from(_P.outerjoin(_L, and_(_L.c.pool_id == _P.c.id, _L.c.released_at.is_(None))))
+    .where(_P.c.edition.in_([bindparam(f"e{i}") for i in range(len(EDITIONS))]),
+           or_(_P.c.expires.is_(None), _P.c.expires >= bindparam("today")),
+           or_(_P.c.unit == UNIT_VM, bindparam("has_gpu", type_=Boolean)))
+    .group_by(*_P.c)
+)
+_INSERT_LEASE = insert(_L).returning(_L.c.id)
+_LINK = update(_A).where(_A.c.id == bindparam("aid")).values(lease_id=bindparam("lid"))
+# Free a seat once no live allocation refers to it any more (run after the allocation is released).
+_FREE = (update(_L).where(_L.c.id == bindparam("lid"), _L.c.released_at.is_(None),
+                          ~select(_A.c.id).where(_A.c.lease_id == bindparam("lid"),
+                                                 _A.c.state.in_(LIVE_STATES)).exists())
+         .values(released_at=bindparam("at")))
+_PG_LICENCE_LOCK = 0x76677075  # "vgpu": one advisory lock key for seat hand-outs
 
 
-def _pool_with_free_seat(session: Session, gpu: Gpu | None, editions: list[str],
-                         today: date) -> LicencePool | None:
-    stmt = select(LicencePool).where(LicencePool.edition.in_(editions), _valid(today))
-    if gpu is None:
-        stmt = stmt.where(LicencePool.unit == UNIT_VM)
-    pools = session.scalars(stmt.with_for_update()).all()
-    if not pools:
-        return None
-    used = dict(session.execute(
-        select(LicenceLease.pool_id, func.count())
-        .where(LicenceLease.pool_id.in_([p.id for p in pools]), LicenceLease.released_at.is_(None))
-        .group_by(LicenceLease.pool_id)).all())
+def _reuse_or_take(session: Session, vm: Vm, gpu: Gpu | None, editions: list[str],
+                   today: date) -> LicenceLease | None:
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LICENCE_LOCK})")
+    params = {f"e{i}": editions[min(i, len(editions) - 1)] for i in range(len(EDITIONS))}  # padded
+    rows = conn.execute(_POOL_STATS, {"vm_id": vm.id, "gpu_id": gpu.id if gpu is not None else -1,
+                                      "today": today, "has_gpu": gpu is not None, **params}).all()
     # Cheapest edition first; among equals the pool expiring soonest, so long-lived seats stay free.
-    for pool in sorted(pools, key=lambda p: (EDITION_COST[p.edition], p.expires or date.max, p.id)):
-        if used.get(pool.id, 0) < pool.seats:
-            return pool
+    rows.sort(key=lambda r: (EDITION_COST[r.edition], r.expires or date.max, r.id))
+    for row in rows:
+        if row.reusable is not None:
+            return session.get(LicenceLease, row.reusable)
+    for row in rows:
+        if row.used < row.seats:
+            pool = _detached(LicencePool(**{c.key: row._mapping[c.key] for c in _P.c}))
+            values = {"pool_id": pool.id, "host_id": vm.host_id, "vm_id": vm.id,
+                      "gpu_id": gpu.id if gpu is not None and pool.unit == UNIT_GPU else None,
+                      "holder": _holder(vm, gpu, pool.unit), "acquired_at": utcnow(), "released_at": None}
+            lease_id = conn.execute(_INSERT_LEASE, values).scalar_one()
+            lease = _detached(LicenceLease(id=lease_id, **values))
+            set_committed_value(lease, "pool", pool)
+            return lease
     return None
 
 
-def release(session: Session, allocation: Allocation, at: datetime | None = None) -> LicenceLease | None:
-    """Give back the allocation's seat unless another live allocation of the VM still needs it.
+def _detached(obj: T) -> T:
+    make_transient_to_detached(obj)
+    return obj
 
-    Returns the lease if its seat was freed."""
-    if allocation.lease_id is None and allocation.lease is None:
+
+def release(session: Session, allocation: Allocation, at: datetime | None = None) -> int | None:
+    """Give back the allocation's seat unless another live allocation still uses it. Call it after the
+    allocation is marked released (store.release does both). Returns the freed lease's id, if any."""
+    lease_id = allocation.lease_id
+    if lease_id is None:
         return None
-    lease = allocation.lease
-    if lease is None or lease.released_at is not None:
-        return None
-    others = session.scalar(select(func.count()).where(
-        Allocation.lease_id == lease.id, Allocation.id != allocation.id, Allocation.state.in_(LIVE_STATES)))
-    if others:
-        return None
-    lease.released_at = at or utcnow()
-    return lease
+    session.flush()  # ORM-side changes to other allocations must be visible to the check below
+    freed = session.connection().execute(_FREE, {"lid": lease_id, "at": at or utcnow()}).rowcount
+    return lease_id if freed else None
 
 
 def release_vm(session: Session, vm: Vm, at: datetime | None = None) -> list[LicenceLease]:
@@ -358,7 +376,8 @@ def usage(session: Session, today: date | None = None) -> list[EditionUsage]:
 
 
 def leases(session: Session, *, vm: Vm | None = None, held: bool = True) -> list[LicenceLease]:
-    stmt = select(LicenceLease).order_by(LicenceLease.id)
+    # Seats are freed with Core UPDATEs; never answer from stale objects in the identity map.
+    stmt = select(LicenceLease).order_by(LicenceLease.id).execution_options(populate_existing=True)
     if vm is not None:
         stmt = stmt.where(LicenceLease.vm_id == vm.id)
     if held:

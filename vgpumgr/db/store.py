@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm.attributes import set_committed_value
 
 from vgpumgr import ids, licensing
 from vgpumgr.db.models import (
@@ -153,13 +153,33 @@ def vms(session: Session, host: Host | int) -> list[Vm]:
 
 # -- allocations -------------------------------------------------------------------------------------
 
+_ALLOC = Allocation.__table__
+
+
+# ON CONFLICT DO NOTHING covers every unique index, partial ones included, without aborting the
+# transaction (PostgreSQL) and without a savepoint round trip. Built once: statement construction
+# costs more than executing it.
+_RESERVE = {
+    "postgresql": postgresql.insert(_ALLOC).on_conflict_do_nothing().returning(_ALLOC.c.id),
+    "sqlite": sqlite.insert(_ALLOC).on_conflict_do_nothing().returning(_ALLOC.c.id),
+}
+_BY_KEY = select(_ALLOC).where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.idempotency_key == bindparam("key"))
+
+
+def _detached(obj: Any) -> Any:
+    """A row written with Core, as an ORM object a session can adopt with add() (no second INSERT)."""
+    make_transient_to_detached(obj)
+    return obj
+
+
 def reserve_allocation(session: Session, host: Host | int, *, backend: str, parent: str, type_id: str,
                        uuid: str | None = None, pci_address: str | None = None, gpu: Gpu | int | None = None,
                        vm: Vm | int | None = None, type_name: str | None = None, series: str | None = None,
-                       idempotency_key: str | None = None, detail: dict[str, Any] | None = None
-                       ) -> Allocation:
-    """Write a `reserved` allocation. The database refuses a second live allocation of the same mdev
-    UUID or PCI function, and a reused idempotency key; both surface as Conflict."""
+                       idempotency_key: str | None = None, detail: dict[str, Any] | None = None,
+                       lease: LicenceLease | int | None = None) -> Allocation:
+    """Write a `reserved` allocation (one INSERT). The database refuses a second live allocation of the
+    same mdev UUID or PCI function, and a reused idempotency key; both surface as Conflict, and the
+    caller's transaction stays usable. `lease`: the seat licensing.acquire() took for it."""
     if backend not in BACKENDS:
         raise InvalidInput(f"backend '{backend}' is unknown", hint=f"use one of {', '.join(BACKENDS)}")
     parent = ids.parent_name(parent)
@@ -173,34 +193,39 @@ def reserve_allocation(session: Session, host: Host | int, *, backend: str, pare
         raise InvalidInput(f"a {backend} allocation needs the PCI address of the function given to the VM")
     if idempotency_key is not None and not 0 < len(idempotency_key) <= 128:
         raise InvalidInput("an idempotency key must be 1-128 characters")
-    alloc = Allocation(host_id=_id(host), backend=backend, parent=parent, type_id=type_id, uuid=uuid,
-                       pci_address=pci_address, gpu_id=None if gpu is None else _id(gpu),
-                       vm_id=None if vm is None else _id(vm), type_name=type_name, series=series,
-                       idempotency_key=idempotency_key, detail=detail, state=ALLOC_RESERVED,
-                       created_at=utcnow())
-    try:
-        with session.begin_nested():
-            session.add(alloc)
-    except IntegrityError as exc:
-        raise _conflict(exc, uuid, pci_address, idempotency_key) from None
+    values = {"host_id": _id(host), "backend": backend, "parent": parent, "type_id": type_id, "uuid": uuid,
+              "pci_address": pci_address, "gpu_id": None if gpu is None else _id(gpu),
+              "vm_id": None if vm is None else _id(vm), "lease_id": None if lease is None else _id(lease),
+              "type_name": type_name, "series": series, "idempotency_key": idempotency_key, "detail": detail,
+              "state": ALLOC_RESERVED, "created_at": utcnow(), "activated_at": None, "released_at": None}
+    conn = session.connection()
+    new_id = conn.execute(_RESERVE[conn.dialect.name], values).scalar()
+    if new_id is None:
+        raise _conflict(session, values)
+    alloc = _detached(Allocation(id=new_id, **values))
+    if isinstance(lease, LicenceLease):
+        set_committed_value(alloc, "lease", lease)
     return alloc
 
 
-def _conflict(exc: IntegrityError, uuid: str | None, pci_address: str | None, key: str | None) -> Conflict:
-    text = str(exc.orig)
-    if "idem" in text:
+def _conflict(session: Session, v: dict[str, Any]) -> Conflict:
+    key = v["idempotency_key"]
+    if key is not None and find_by_idempotency_key(session, v["host_id"], key) is not None:
         return Conflict(f"idempotency key '{key}' was already used on this host",
                         hint="look the earlier request up by its key instead of repeating it",
                         idempotency_key=key)
-    if "uuid" in text:
-        return Conflict(f"vGPU {uuid} is already allocated",
-                        hint="release it first, or omit the UUID to get a new one", uuid=uuid)
-    if "pci_address" in text:
-        return Conflict(f"PCI function {pci_address} is already allocated",
-                        hint="release it first, or let placement choose another function",
-                        pci_address=pci_address)
-    return Conflict(f"the allocation conflicts with the database: {text.splitlines()[0]}",
-                    hint="run `vgpumgr reconcile` and retry")
+    if v["uuid"] is not None and live_allocation(session, v["host_id"], uuid=v["uuid"]) is not None:
+        return Conflict(f"vGPU {v['uuid']} is already allocated",
+                        hint="release it first, or omit the UUID to get a new one", uuid=v["uuid"])
+    address = v["pci_address"]
+    return Conflict(f"PCI function {address} is already allocated",
+                    hint="release it first, or let placement choose another function", pci_address=address)
+
+
+_ACTIVATE = (update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state == ALLOC_RESERVED)
+             .values(state=ALLOC_ACTIVE, activated_at=bindparam("at")))
+_RELEASE = (update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state != ALLOC_RELEASED)
+            .values(state=ALLOC_RELEASED, released_at=bindparam("at")))
 
 
 def activate(session: Session, allocation: Allocation, at: datetime | None = None) -> Allocation:
@@ -209,8 +234,10 @@ def activate(session: Session, allocation: Allocation, at: datetime | None = Non
         raise Conflict(f"allocation {_describe(allocation)} was already released",
                        hint="reserve a new allocation instead")
     if allocation.state == ALLOC_RESERVED:
-        allocation.state = ALLOC_ACTIVE
-        allocation.activated_at = at or utcnow()
+        at = at or utcnow()
+        session.connection().execute(_ACTIVATE, {"aid": allocation.id, "at": at})
+        set_committed_value(allocation, "state", ALLOC_ACTIVE)
+        set_committed_value(allocation, "activated_at", at)
     return allocation
 
 
@@ -219,8 +246,9 @@ def release(session: Session, allocation: Allocation, at: datetime | None = None
     if allocation.state == ALLOC_RELEASED:
         return allocation
     at = at or utcnow()
-    allocation.state = ALLOC_RELEASED
-    allocation.released_at = at
+    session.connection().execute(_RELEASE, {"aid": allocation.id, "at": at})
+    set_committed_value(allocation, "state", ALLOC_RELEASED)
+    set_committed_value(allocation, "released_at", at)
     licensing.release(session, allocation, at)
     return allocation
 
@@ -230,8 +258,9 @@ def _describe(allocation: Allocation) -> str:
 
 
 def find_by_idempotency_key(session: Session, host: Host | int, key: str) -> Allocation | None:
-    return session.scalar(select(Allocation).where(Allocation.host_id == _id(host),
-                                                   Allocation.idempotency_key == key))
+    """The allocation a request with this key made earlier (a detached object; Core, for speed)."""
+    row = session.connection().execute(_BY_KEY, {"host_id": _id(host), "key": key}).first()
+    return None if row is None else _detached(Allocation(**row._mapping))
 
 
 def live_allocation(session: Session, host: Host | int, *, uuid: str | None = None,
