@@ -7,6 +7,7 @@ the record it describes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -120,7 +121,8 @@ class Service:
             if a.backend == BACKEND_PASSTHROUGH:
                 continue
             d = a.detail or {}
-            out.append(PlacedAlloc(gpu=d.get("gpu"), parent=a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent,
+            parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
+            out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent,
                                    type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"), vm=names.get(a.vm_id),
                                    backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name))
         return out
@@ -138,7 +140,8 @@ class Service:
     # -- allocate / release ---------------------------------------------------------------------
     def allocate(self, type_name: str, *, vm: str | None = None, policy: Policy | None = None,
                  idempotency_key: str | None = None, uuid: str | None = None, actor: str | None = None,
-                 detail: dict[str, Any] | None = None) -> dict[str, Any]:
+                 detail: dict[str, Any] | None = None, free_gpu_instances: dict[str, list[str]] | None = None
+                 ) -> dict[str, Any]:
         """Place and create one vGPU. A retried request with the same idempotency key gets the same vGPU."""
         uuid = ids.mdev_uuid(uuid) if uuid else None
         vm = ids.vm_name(vm) if vm else None
@@ -148,7 +151,7 @@ class Service:
                 found = self._by_key(idempotency_key)
                 if found is not None:
                     return found
-            decision = self._decide(type_name, vm, policy)
+            decision = self._decide(type_name, vm, policy, free_gpu_instances)
             c = decision.choice
             if c is None:
                 err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
@@ -195,12 +198,15 @@ class Service:
                            detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
                 return allocation_dict(row)
 
-    def _decide(self, type_name: str, vm: str | None, policy: Policy) -> Decision:
+    def _decide(self, type_name: str, vm: str | None, policy: Policy,
+                free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
         with self.sessions() as s:
             records = self._live_records(s)
-        decision = self.snapshot().placer.place(records, Request(type_name, vm), policy)
+        req = Request(type_name, vm)
+        decision = self.snapshot().placer.place(records, req, policy, free_gpu_instances=free_gpu_instances)
         if decision.choice is None and time.monotonic() - self.snapshot().taken > 0.05:
-            decision = self.snapshot(refresh=True).placer.place(records, Request(type_name, vm), policy)
+            decision = self.snapshot(refresh=True).placer.place(records, req, policy,
+                                                                free_gpu_instances=free_gpu_instances)
         return decision
 
     def _touch(self, parent: str) -> None:
@@ -326,6 +332,393 @@ class Service:
             return [allocation_dict(a, s) for a in store.allocations(s, self._db_host(s), vm=vm, gpu=gpu, state=state,
                                                                    live=live)]
 
+    # -- VMs ------------------------------------------------------------------------------------
+    def virt(self):  # noqa: ANN201
+        from vgpumgr.virt import Virt
+
+        return Virt(self.cfg.libvirt_uri, state_dir=self.cfg.state_dir)
+
+    def create_vm(self, name: str, *, vgpus: list[str] | None = None, passthrough: list[str] | None = None,
+                  mig: list[str] | None = None, memory_mib: int = 4096, vcpus: int = 2, disk: str | None = None,
+                  network: str | None = None, firmware: str = "bios", display: bool = False,
+                  policy: Policy | None = None, start: bool = False, print_xml: bool = False,
+                  idempotency_key: str | None = None, actor: str | None = None) -> dict[str, Any]:
+        """Place and create the VM's GPU devices, render and validate its XML, define (and start) it.
+
+        Any failure undoes what was done, in reverse order, and is audited. `print_xml` changes nothing."""
+        from vgpumgr.domain import VmSpec, render
+
+        name = ids.vm_name(name)
+        vgpus, passthrough, mig = list(vgpus or []), [ids.pci_address(a) for a in passthrough or []], list(mig or [])
+        if not (vgpus or passthrough or mig):
+            raise InvalidInput("a VM needs at least one GPU device",
+                               hint="give --vgpu TYPE, --passthrough BDF or --mig PROFILE")
+        vm_uuid = ids.new_uuid()
+        spec = VmSpec(name=name, uuid=vm_uuid, memory_mib=memory_mib, vcpus=vcpus, firmware=firmware, disk=disk,
+                      network=network)
+        if print_xml:
+            spec.hostdevs = self._dry_run_hostdevs(name, vgpus, passthrough, mig, policy, display)
+            return {"name": name, "uuid": vm_uuid, "state": "not defined", "xml": render(spec), "allocations": []}
+        virt = self.virt()
+        if virt.exists(name):
+            raise Conflict(f"a VM named {name} already exists", hint="choose another name or delete it first")
+        made: list[dict[str, Any]] = []
+        defined = started = False
+        try:
+            key = idempotency_key
+            for i, t in enumerate(vgpus):
+                made.append(self.allocate(t, vm=name, policy=policy, actor=actor,
+                                          idempotency_key=f"{key}/vgpu/{i}" if key else None))
+            for i, profile in enumerate(mig):
+                made.append(self.allocate_mig(profile, vm=name, policy=policy, actor=actor,
+                                              idempotency_key=f"{key}/mig/{i}" if key else None))
+            for i, addr in enumerate(passthrough):
+                made.append(self.allocate_passthrough(addr, vm=name, actor=actor,
+                                                      idempotency_key=f"{key}/pt/{i}" if key else None))
+            spec.hostdevs = [hostdev_for(a, display and i == 0) for i, a in enumerate(made)]
+            spec.allocations = [metadata_for(a) for a in made]
+            xml = render(spec)
+            virt.define(xml)
+            defined = True
+            if start:
+                virt.start(name)
+                started = True
+            with self.tx() as s:
+                store.upsert_vm(s, self._db_host(s), name, uuid=vm_uuid, state="running" if started else "defined")
+                self.event(s, audit.VM_DEFINE, actor=actor, vm=name,
+                           detail={"uuid": vm_uuid, "devices": [a.get("uuid") or a.get("pci_address") for a in made]})
+                if started:
+                    self.event(s, audit.VM_START, actor=actor, vm=name)
+        except BaseException as e:
+            self._undo_vm(virt, name, made, defined, started, e, actor)
+            raise
+        return {"name": name, "uuid": vm_uuid, "state": "running" if started else "defined", "allocations": made}
+
+    def _undo_vm(self, virt, name: str, made: list[dict[str, Any]], defined: bool, started: bool,  # noqa: ANN001
+                 error: BaseException, actor: str | None) -> None:
+        undone = []
+        if started:
+            with _suppress():
+                virt.stop(name)
+                undone.append("stopped")
+        if defined:
+            with _suppress():
+                virt.undefine(name)
+                undone.append("undefined")
+        for a in reversed(made):
+            with _suppress():
+                self.release(a.get("uuid") or a["pci_address"], actor=actor)
+                undone.append(f"released {a.get('uuid') or a.get('pci_address')}")
+        with self.tx() as s:
+            h = self._db_host(s)
+            vm_row = store.get_vm(s, h, name)
+            if vm_row is not None and not store.allocations(s, h, vm=vm_row, live=True):
+                vm_row.state = "deleted"
+            self.event(s, "vm.create", FAILED, actor=actor, vm=name, error=str(error), detail={"rolled_back": undone})
+
+    def _dry_run_hostdevs(self, name: str, vgpus: list[str], passthrough: list[str], mig: list[str],
+                          policy: Policy | None, display: bool) -> list[Any]:
+        from vgpumgr.domain import Hostdev
+
+        out = []
+        taken: list[PlacedAlloc] = []
+        snap = self.snapshot()
+        with self.sessions() as s:
+            records = self._live_records(s)
+        for t in vgpus + [self._mig_type_name(p, None) for p in mig]:
+            d = snap.placer.place(records + taken, Request(t, name), policy or Policy())
+            c = d.choice
+            if c is None:
+                raise NoCapacity(f"no GPU can take a {t} vGPU now: {d.summary()}",
+                                 hint="`vgpumgr place --type ... --explain` shows why")
+            ref = ids.new_uuid() if c.backend == BACKEND_MDEV else c.parent
+            taken.append(PlacedAlloc(gpu=c.gpu, parent=c.parent, type=c.type, framebuffer_mb=None, vm=name,
+                                     backend=c.backend, id=ref, name=c.name))
+            out.append(Hostdev("mdev", uuid=ref, display=display and not out) if c.backend == BACKEND_MDEV
+                       else Hostdev("nvidia-vf", address=ref))
+        out += [Hostdev("passthrough", address=a) for a in passthrough]
+        return out
+
+    def delete_vm(self, name: str, *, actor: str | None = None) -> dict[str, Any]:
+        """Stop and undefine the VM, then release its vGPUs and licence seats."""
+        name = ids.vm_name(name)
+        virt = self.virt()
+        exists = virt.exists(name)
+        was_running = exists and virt.state(name) in ("running", "paused")
+        if was_running:
+            virt.stop(name)
+        if exists:
+            virt.undefine(name)
+        released = []
+        for a in self.allocations(vm=name, live=True):
+            ref = a["uuid"] or a["pci_address"]
+            self.release(ref, actor=actor, grace=NVIDIA_TEARDOWN_GRACE if was_running and _is_nvidia(a) else 0.0)
+            released.append(ref)
+        with self.tx() as s:
+            h = self._db_host(s)
+            vm_row = store.get_vm(s, h, name)
+            if vm_row is None and not exists:
+                raise NotFound(f"no VM {name}", hint="`vgpumgr vm list` shows the VMs")
+            if vm_row is not None:
+                vm_row.state = "deleted"
+            if was_running:
+                self.event(s, audit.VM_STOP, actor=actor, vm=name)
+            self.event(s, audit.VM_UNDEFINE, actor=actor, vm=name, detail={"released": released})
+        return {"name": name, "state": "deleted", "released": released}
+
+    def start_vm(self, name: str, *, actor: str | None = None) -> dict[str, Any]:
+        name = ids.vm_name(name)
+        self._ensure_devices(name, actor)
+        virt = self.virt()
+        try:
+            virt.start(name)
+        except VgpuError as e:
+            self.record_failure(audit.VM_START, e, actor=actor, vm=name)
+            raise
+        with self.tx() as s:
+            store.upsert_vm(s, self._db_host(s), name, state="running")
+            self.event(s, audit.VM_START, actor=actor, vm=name)
+        return self.vm(name)
+
+    def stop_vm(self, name: str, *, actor: str | None = None, force: bool = True) -> dict[str, Any]:
+        name = ids.vm_name(name)
+        virt = self.virt()
+        try:
+            virt.stop(name, force=force)
+        except VgpuError as e:
+            self.record_failure(audit.VM_STOP, e, actor=actor, vm=name)
+            raise
+        with self.tx() as s:
+            store.upsert_vm(s, self._db_host(s), name, state="shut off")
+            self.event(s, audit.VM_STOP, actor=actor, vm=name)
+        return self.vm(name)
+
+    def _ensure_devices(self, name: str, actor: str | None) -> list[str]:
+        """Re-create a VM's recorded vGPUs that vanished (after a reboot or driver reload) before a start."""
+        restored = []
+        for a in self.allocations(vm=name, live=True):
+            if a["backend"] == BACKEND_MDEV and mdev_backend.get(self.host, a["uuid"]) is None:
+                mdev_backend.create(self.host, a["parent"], a["type"], a["uuid"])
+                restored.append(a["uuid"])
+            elif a["backend"] == BACKEND_NVIDIA_VF and nvidia_vf.current(self.host, a["pci_address"]) == 0:
+                nvidia_vf.set_type(self.host, a["pci_address"], a["type"])
+                restored.append(a["pci_address"])
+        if restored:
+            self.invalidate()
+            with self.tx() as s:
+                self.event(s, audit.RECONCILE, actor=actor, vm=name, detail={"restored": restored})
+        return restored
+
+    def list_vms(self) -> list[dict[str, Any]]:
+        virt = self.virt()
+        live = {a["vm"]: [] for a in self.allocations(live=True) if a["vm"]}
+        for a in self.allocations(live=True):
+            if a["vm"]:
+                live[a["vm"]].append(a.get("uuid") or a.get("pci_address"))
+        out = []
+        for d in virt.list():
+            out.append({**d, "vgpus": live.get(d["name"], [])})
+        return sorted(out, key=lambda d: d["name"])
+
+    def vm(self, name: str) -> dict[str, Any]:
+        from vgpumgr.domain import read_allocations
+
+        name = ids.vm_name(name)
+        virt = self.virt()
+        if not virt.exists(name):
+            raise NotFound(f"no VM {name}", hint="`vgpumgr vm list` shows the VMs")
+        d = next(x for x in virt.list() if x["name"] == name)
+        return {**d, "allocations": self.allocations(vm=name, live=True),
+                "metadata": read_allocations(virt.xml(name))}
+
+    def vm_xml(self, name: str) -> str:
+        name = ids.vm_name(name)
+        virt = self.virt()
+        if not virt.exists(name):
+            raise NotFound(f"no VM {name}", hint="`vgpumgr vm list` shows the VMs")
+        return virt.xml(name)
+
+    def attach_vgpu(self, name: str, type_name: str, *, actor: str | None = None) -> dict[str, Any]:
+        from vgpumgr.domain import hostdev_xml
+
+        name = ids.vm_name(name)
+        virt = self.virt()
+        if not virt.exists(name):
+            raise NotFound(f"no VM {name}", hint="`vgpumgr vm list` shows the VMs")
+        a = self.allocate(type_name, vm=name, actor=actor)
+        try:
+            virt.attach(name, hostdev_xml(hostdev_for(a, False)))
+        except BaseException:
+            self.release(a.get("uuid") or a["pci_address"], actor=actor)
+            raise
+        return a
+
+    def detach_vgpu(self, name: str, ref: str, *, actor: str | None = None) -> dict[str, Any]:
+        from vgpumgr.domain import hostdev_xml
+
+        name = ids.vm_name(name)
+        a = self.find_allocation(ref)
+        if a["vm"] != name:
+            raise Conflict(f"{ref} does not belong to VM {name}", hint="`vgpumgr vm show NAME` lists its vGPUs")
+        self.virt().detach(name, hostdev_xml(hostdev_for(a, False)))
+        return self.release(ref, actor=actor)
+
+    # -- MIG-backed vGPU ------------------------------------------------------------------------
+    def _mig_type_name(self, profile: str, gpu: str | None) -> str:
+        from vgpumgr.mig import mig_type_for_profile
+
+        seen: dict[str, Any] = {}
+        for t in self.snapshot().inventory.types:
+            if t.mig_slices and (gpu is None or t.gpu == gpu):
+                seen.setdefault(t.name, t)
+        types = list(seen.values())
+        if not types:
+            raise NotFound(f"no MIG-backed vGPU type for {profile} on this host",
+                           hint="MIG-backed vGPU needs a MIG-enabled GPU with VFs (`vgpumgr gpus`)")
+        t = mig_type_for_profile(types, profile)
+        return t.name if hasattr(t, "name") else str(t)
+
+    def allocate_mig(self, profile: str, *, vm: str | None = None, policy: Policy | None = None,
+                     idempotency_key: str | None = None, actor: str | None = None) -> dict[str, Any]:
+        """A MIG-backed vGPU: reuse or create a matching GPU instance, then place the matching type on a VF."""
+        from vgpumgr import mig as mig_plan
+
+        profile = mig_plan.normalise_profile_name(profile)
+        layer = self._nvml()
+        with self.locked():
+            if idempotency_key:
+                found = self._by_key(idempotency_key)
+                if found is not None:
+                    return found
+            created = None
+            free = self._free_gpu_instances(layer)
+            if not any(profile in v for v in free.values()):
+                gpu = self._gpu_for_new_instance(layer, profile, policy)
+                created = layer.create_gpu_instance(gpu, profile)
+                self._sync_sim_mig(layer)
+                self.invalidate()
+                with self.tx() as s:
+                    self.event(s, "mig.gi.create", actor=actor, gpu=gpu, vm=vm, detail=created)
+                free = self._free_gpu_instances(layer)
+            gpu = next(a for a in sorted(free) if profile in free[a])
+            type_name = self._mig_type_name(profile, gpu)
+            pinned = dataclasses.replace(policy or Policy(), pin_gpu=gpu)
+            try:
+                return self.allocate(type_name, vm=vm, policy=pinned, idempotency_key=idempotency_key, actor=actor,
+                                     detail={"mig_profile": profile}, free_gpu_instances=free)
+            except BaseException:
+                if created:
+                    with _suppress():
+                        layer.destroy_gpu_instance(created["address"], created["gpu_instance"]["id"])
+                        self._sync_sim_mig(layer)
+                        self.invalidate()
+                raise
+
+    def _nvml(self):  # noqa: ANN202
+        from vgpumgr.nvml_facts import nvml_layer
+
+        layer = nvml_layer(self.cfg)
+        if layer is None or not layer.open():
+            raise VgpuError("NVML is not available, so MIG instances cannot be managed",
+                            hint="install the NVIDIA driver's NVML (libnvidia-ml) and nvidia-ml-py")
+        return layer
+
+    def _free_gpu_instances(self, layer) -> dict[str, list[str]]:  # noqa: ANN001
+        """GPU instances not yet bound to a vGPU, by GPU address (profile names)."""
+        with self.sessions() as s:
+            used: dict[str, list[str]] = {}
+            for a in store.allocations(s, self._db_host(s), live=True):
+                p = (a.detail or {}).get("mig_profile")
+                if p:
+                    used.setdefault((a.detail or {}).get("gpu"), []).append(p)
+        out: dict[str, list[str]] = {}
+        for addr, g in layer.gpus().items():
+            if (g.get("mig") or {}).get("current") != "enabled":
+                continue
+            names = [gi["profile"] for gi in g["mig"]["gpu_instances"]]
+            for p in used.get(addr, []):
+                if p in names:
+                    names.remove(p)
+            out[addr] = names
+        return out
+
+    def _gpu_for_new_instance(self, layer, profile: str, policy: Policy | None) -> str:  # noqa: ANN001
+        from vgpumgr import mig as mig_plan
+
+        reasons = []
+        for addr in sorted(layer.gpus()):
+            g = layer.gpus()[addr]
+            if (g.get("mig") or {}).get("current") != "enabled":
+                reasons.append(f"{addr}: MIG is off")
+                continue
+            if policy and policy.pin_gpu and policy.pin_gpu != addr:
+                continue
+            try:
+                table = layer.mig_table(addr)
+                mig_plan.plan(table, layer.gpu_instances(addr), table.find(profile))
+                return addr
+            except VgpuError as e:
+                reasons.append(f"{addr}: {e.message}")
+        raise NoCapacity(f"no GPU has room for a {profile} GPU instance", hint="; ".join(reasons) or "no MIG GPU")
+
+    def _sync_sim_mig(self, layer) -> None:  # noqa: ANN001
+        """On a simulated host, tell the sysfs emulator which GPU instances exist (the driver knows it itself)."""
+        if not self.host.simulated:
+            return
+        from vgpumgr.sim.mig_link import sync_from_nvml
+
+        sync_from_nvml(self.host.root, layer)
+
+    # -- reconcile ------------------------------------------------------------------------------
+    def reconcile(self, *, fix: bool = False, remove_unknown: bool = False, actor: str | None = None
+                  ) -> dict[str, Any]:
+        """Compare records with sysfs: recorded vGPUs that vanished, and devices nobody recorded."""
+        with self.locked():
+            inv = self.snapshot(refresh=True).inventory
+            live = self.allocations(live=True)
+            mdevs = {m.uuid: m for m in inv.mdevs}
+            vfs = {v.address: v for v in inv.vf_vgpus}
+            missing, unknown, restored, removed, errors = [], [], [], [], []
+            for a in live:
+                if a["backend"] == BACKEND_MDEV and a["uuid"] not in mdevs:
+                    missing.append(a)
+                elif a["backend"] == BACKEND_NVIDIA_VF and a["pci_address"] not in vfs:
+                    missing.append(a)
+            recorded = {a["uuid"] for a in live if a["uuid"]} | {a["pci_address"] for a in live if a["pci_address"]}
+            unknown = [m.to_json() for m in inv.mdevs if m.uuid not in recorded]
+            unknown += [v.to_json() for v in inv.vf_vgpus if v.address not in recorded]
+            if fix:
+                for a in missing:
+                    try:
+                        if a["backend"] == BACKEND_MDEV:
+                            mdev_backend.create(self.host, a["parent"], a["type"], a["uuid"])
+                            restored.append(a["uuid"])
+                        else:
+                            nvidia_vf.set_type(self.host, a["pci_address"], a["type"])
+                            restored.append(a["pci_address"])
+                    except VgpuError as e:
+                        errors.append(f"{a.get('uuid') or a.get('pci_address')}: {e}")
+                if remove_unknown:
+                    for u in unknown:
+                        ref = u.get("uuid") or u.get("address")
+                        try:
+                            if "uuid" in u:
+                                mdev_backend.remove(self.host, u["uuid"])
+                            else:
+                                nvidia_vf.clear_type(self.host, u["address"], retries=1)
+                            removed.append(ref)
+                        except VgpuError as e:
+                            errors.append(f"{ref}: {e}")
+                self.invalidate()
+            report = {"missing": [a.get("uuid") or a.get("pci_address") for a in missing],
+                      "missing_detail": missing, "unknown": unknown, "restored": restored, "removed": removed,
+                      "errors": errors, "fixed": fix}
+            with self.tx() as s:
+                self.event(s, audit.RECONCILE, FAILED if errors else (WARNING if (missing or unknown) and not fix
+                                                                       else OK), actor=actor,
+                           detail={k: v for k, v in report.items() if k != "missing_detail"})
+            return report
+
 
 def allocation_dict(a: AllocRow, s: Session | None = None) -> dict[str, Any]:
     detail = a.detail or {}
@@ -342,6 +735,35 @@ def allocation_dict(a: AllocRow, s: Session | None = None) -> dict[str, Any]:
         "licence": a.lease.pool.edition if a.lease_id and a.lease else None,
         "created_at": _iso(a.created_at), "activated_at": _iso(a.activated_at), "released_at": _iso(a.released_at),
     }
+
+
+def hostdev_for(a: dict[str, Any], display: bool):  # noqa: ANN201
+    from vgpumgr.domain import Hostdev
+
+    if a["backend"] == BACKEND_MDEV:
+        return Hostdev("mdev", uuid=a["uuid"], display=display)
+    if a["backend"] == BACKEND_NVIDIA_VF:
+        return Hostdev("nvidia-vf", address=a["pci_address"])
+    return Hostdev("passthrough", address=a["pci_address"])
+
+
+def metadata_for(a: dict[str, Any]) -> dict[str, Any]:
+    """What the domain's <metadata> carries so the state can be rebuilt from libvirt alone."""
+    keys = ("uuid", "pci_address", "backend", "parent", "gpu", "type", "type_name", "series", "idempotency_key")
+    return {k: a[k] for k in keys if a.get(k) is not None}
+
+
+def _is_nvidia(a: dict[str, Any]) -> bool:
+    return str(a.get("type", "")).startswith("nvidia-")
+
+
+@contextmanager
+def _suppress() -> Iterator[None]:
+    """Best-effort undo: one failing step must not stop the others."""
+    try:
+        yield
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _iso(v: Any) -> str | None:

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from vgpumgr.mig import profile_for_type
 from vgpumgr.sim import catalog, rules
 from vgpumgr.sim.tree import SimTree, link, vf_address, write
 
@@ -21,12 +22,12 @@ PASSTHROUGH = "passthrough"
 def add_gpu(tree: SimTree, address: str, spec: dict[str, Any]) -> None:
     """spec: model, vendor, device, subsys, numa, driver, iface, catalog (list of SimType), total_fb_mb,
     totalvfs, numvfs, mig."""
-    cat = [asdict(t) for t in spec.get("catalog", [])]
+    cat = [{**asdict(t), "mig_profile": profile_for_type(t.name)} for t in spec.get("catalog", [])]
     gpu = {k: v for k, v in spec.items() if k != "catalog"}
     gpu["catalog"] = cat
     gpu.setdefault("heterogeneous", False)
     gpu.setdefault("mig", False)
-    gpu.setdefault("free_gi_slices", [])
+    gpu.setdefault("gpu_instances", [])  # GI profile names; the driver binds one MIG-backed vGPU to each
     tree.state["gpus"][address] = gpu
     d = tree.add_pci(address, vendor=spec["vendor"], device=spec["device"], subsys=spec["subsys"],
                      cls=spec.get("class", "0x030200"), numa=spec["numa"], driver=spec.get("driver"))
@@ -137,9 +138,13 @@ def refresh(tree: SimTree, pf: str) -> None:
         return
     by_id = {t["id"]: t for t in gpu["catalog"]}
     existing = existing_vgpus(tree, pf)
-    fbs = [by_id[t]["framebuffer_mb"] for _, t in existing if t in by_id]
+    fbs = [by_id[t]["framebuffer_mb"] for _, t in existing if t in by_id and not by_id[t].get("mig_profile")]
+    free_gis = list(gpu["gpu_instances"])
+    for _, t in existing:
+        if t in by_id and by_id[t].get("mig_profile") in free_gis:
+            free_gis.remove(by_id[t]["mig_profile"])
     creatable = rules.nvidia_creatable(gpu["catalog"], fbs, mig=gpu["mig"], heterogeneous=gpu["heterogeneous"],
-                                       total_fb_mb=gpu["total_fb_mb"], free_gi_slices=gpu["free_gi_slices"])
+                                       total_fb_mb=gpu["total_fb_mb"], free_gi_profiles=free_gis)
     if iface == MDEV_PF:
         d = tree.device_dir(pf)
         for tid, n in creatable.items():

@@ -42,7 +42,7 @@ def _a40(numa: int, vfs: int) -> dict[str, Any]:
 def _l40s(numa: int, vfs: int) -> dict[str, Any]:
     return {"model": "L40S", "vendor": NVIDIA, "device": "26b9", "subsys": (NVIDIA, "1851"), "numa": numa,
             "driver": "nvidia", "vf_driver": "nvidia", "iface": NVIDIA_VF, "catalog": catalog.L40S,
-            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs}
+            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs, "nvml_profile": "l40s"}
 
 
 def _a100(numa: int, vfs: int) -> dict[str, Any]:
@@ -125,6 +125,24 @@ def _populate(root: Path, profile: str, scale: int, vfs: int | None) -> None:
         tree.ensure_driver(drv)
     _build(tree, profile, scale, vfs)
     tree.save()
+    _create_nvml(root, tree)
+
+
+def _create_nvml(root: Path, tree: SimTree) -> None:
+    """A simulated NVML for the GPUs that have one, with MIG mode as the sysfs side has it."""
+    from vgpumgr.nvml_facts import sim_state_path
+    from vgpumgr.sim import nvml as simnvml
+
+    gpus = [(g["nvml_profile"], a) for a, g in sorted(tree.state["gpus"].items()) if g.get("nvml_profile")]
+    if not gpus:
+        return
+    path = sim_state_path(root)
+    simnvml.create_state(path, gpus)
+    state = json.loads(path.read_text())
+    for entry in state["gpus"]:
+        mig = tree.state["gpus"][entry["address"]].get("mig", False)
+        entry["mig_mode"] = [int(mig), int(mig)]
+    path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
 def create(root: str | Path, profile: str, scale: int = 1, vfs: int | None = None, force: bool = False) -> Path:

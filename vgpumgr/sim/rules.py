@@ -10,7 +10,7 @@ from typing import Any
 
 
 def nvidia_creatable(catalog: list[dict[str, Any]], existing_fb: list[int], *, mig: bool,
-                     heterogeneous: bool, total_fb_mb: int, free_gi_slices: list[int] | None = None
+                     heterogeneous: bool, total_fb_mb: int, free_gi_profiles: list[str] | None = None
                      ) -> dict[int, int]:
     """Type id -> instances still creatable on the physical GPU (0 = not creatable now).
 
@@ -25,7 +25,7 @@ def nvidia_creatable(catalog: list[dict[str, Any]], existing_fb: list[int], *, m
             if not mig:
                 out[t["id"]] = 0
                 continue
-            free = (free_gi_slices or []).count(t["mig_slices"])
+            free = (free_gi_profiles or []).count(t.get("mig_profile"))
             out[t["id"]] = min(free, maxi)
             continue
         if mig:

@@ -1,0 +1,53 @@
+"""Which NVML a host gets (the real library, the simulator's, or none) and merging its facts into GPUs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from vgpumgr.config import Config
+from vgpumgr.model import BACKEND_MIG, Gpu
+
+SIM_NVML_STATE = ".vgpumgr-nvml.json"
+
+
+def sim_state_path(root: Path) -> Path:
+    return Path(root) / SIM_NVML_STATE
+
+
+def nvml_layer(cfg: Config) -> Any | None:
+    """NVML for this root: the real library for "/", the simulated one for a simulated root, else None."""
+    from vgpumgr.nvml import NvmlLayer
+
+    if cfg.host.simulated:
+        path = sim_state_path(cfg.host.root)
+        if not path.exists():
+            return None
+        from vgpumgr.sim.nvml import SimNvml
+
+        return NvmlLayer(SimNvml(path))
+    if str(cfg.host.root.resolve()) == "/":
+        return NvmlLayer.system()
+    return None  # a copied or hand-made tree: sysfs facts only
+
+
+def merge_nvml(cfg: Config, gpus: list[Gpu], quiet: bool = False) -> None:
+    layer = nvml_layer(cfg)
+    if layer is None:
+        return
+    try:
+        if not layer.open():
+            if layer.notice and not quiet:
+                sys.stderr.write(f"note: {layer.notice}\n")
+            return
+        facts = layer.gpus()
+    finally:
+        layer.close()
+    for g in gpus:
+        f = facts.get(g.address)
+        if f is None:
+            continue
+        g.nvml = f
+        if (f.get("mig") or {}).get("supported") and BACKEND_MIG not in g.backends:
+            g.backends.append(BACKEND_MIG)
