@@ -171,3 +171,22 @@ def test_append_validates_and_normalizes(fresh_db_url: str) -> None:
         s.commit()
         assert ev.error == "bad value" and ev.detail == {"when": str(T0)}
     assert _verify(fresh_db_url).ok
+
+
+def test_appends_from_two_processes_interleave(fresh_db_url: str) -> None:
+    """Each engine remembers the head it wrote last; when another writer moved it, it must re-read."""
+    from vgpumgr.db.session import make_engine
+
+    engines = [make_engine(fresh_db_url), make_engine(fresh_db_url)]
+    try:
+        for i in range(6):
+            with session_factory(engines[i % 2])() as s:
+                audit.append(s, actor=f"proc{i % 2}", action=audit.RECONCILE, outcome="ok", host="h1")
+                s.commit()
+        with session_factory(engines[0])() as s:
+            result = audit.verify(s)
+            assert [e.actor for e in audit.query(s)] == ["proc0", "proc1"] * 3
+    finally:
+        for engine in engines:
+            engine.dispose()
+    assert result.ok and result.checked == 6

@@ -169,3 +169,35 @@ def test_pool_management(world: World) -> None:
     store.release(world.s, alloc)
     licensing.remove_pool(world.s, "ws")
     assert licensing.list_pools(world.s) == [] and world.usage() == {}
+
+
+def test_two_writers_cannot_take_the_last_seat_twice(fresh_db_url: str) -> None:
+    import threading
+
+    factory = session_factory(fresh_db_url)
+    with factory() as s:
+        host = store.upsert_host(s, "h1")
+        vms = [store.upsert_vm(s, host, f"vm{i}") for i in range(2)]
+        licensing.add_pool(s, name="ws", edition_name="vWS", seats=1, unit="vm")
+        s.commit()
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def take(vm) -> None:
+        with factory() as s:
+            barrier.wait()
+            try:
+                licensing.acquire(s, vm, None, "Q", "enforce", today=TODAY)
+                s.commit()
+                outcomes.append("seat")
+            except NoSeat:
+                outcomes.append("no-seat")
+
+    threads = [threading.Thread(target=take, args=(vm,)) for vm in vms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["no-seat", "seat"]
+    with factory() as s:
+        assert len(licensing.leases(s)) == 1

@@ -191,7 +191,6 @@ def acquire(session: Session, vm: Vm | None, gpu: Gpu | None, series: str | None
         if allocation is not None and allocation.lease_id != lease.id:
             session.connection().execute(_LINK, {"aid": allocation.id, "lid": lease.id})
             set_committed_value(allocation, "lease_id", lease.id)
-            set_committed_value(allocation, "lease", lease)
         return lease
 
     wanted = " or ".join(editions)

@@ -219,7 +219,6 @@ class Allocation(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    lease: Mapped[LicenceLease | None] = relationship(lazy="select")
     activated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

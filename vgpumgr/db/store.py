@@ -202,10 +202,7 @@ def reserve_allocation(session: Session, host: Host | int, *, backend: str, pare
     new_id = conn.execute(_RESERVE[conn.dialect.name], values).scalar()
     if new_id is None:
         raise _conflict(session, values)
-    alloc = _detached(Allocation(id=new_id, **values))
-    if isinstance(lease, LicenceLease):
-        set_committed_value(alloc, "lease", lease)
-    return alloc
+    return _detached(Allocation(id=new_id, **values))
 
 
 def _conflict(session: Session, v: dict[str, Any]) -> Conflict:
