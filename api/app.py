@@ -1,0 +1,67 @@
+"""The FastAPI app: `create_app(cfg, service)`; OpenAPI at /docs, Prometheus metrics at /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Response
+from sqlalchemy import text
+
+from api import problems, routes_admin, routes_inventory, routes_vms
+from api.deps import service as service_dep
+from api.metrics import Metrics
+from api.watch import InventoryWatcher
+from vgpumgr.config import Config
+from vgpumgr.db.session import get_engine
+from vgpumgr.service import Service
+
+API_VERSION = "1"
+DESCRIPTION = """Manage GPUs, vGPUs, VMs, licences and the audit trail of one KVM/libvirt host.
+
+Authenticate with `Authorization: Bearer <token>` (`vgpumgr token create --name N --role R`).
+Roles: admin (everything), operator (VMs and vGPUs), hook (allocate/release vGPUs of a VM), auditor (read-only).
+Errors are `application/problem+json` (RFC 9457) with a `hint` saying what to do.
+Mutating calls take an `Idempotency-Key` header: a retry with the same key gets the same result."""
+
+
+def create_app(cfg: Config | None = None, service: Service | None = None, watch: bool = True) -> FastAPI:
+    """The app for `service` (default: a Service for `cfg`, default: Config.resolve())."""
+    if service is None:
+        service = Service(cfg or Config.resolve())
+    watcher = InventoryWatcher(service)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.inventory_updates = watcher.start() if watch else "ttl"
+        try:
+            yield
+        finally:
+            watcher.stop()
+
+    app = FastAPI(title="vgpumgr", version=API_VERSION, description=DESCRIPTION, lifespan=lifespan)
+    app.state.service = service
+    app.state.engine = get_engine(service.cfg.db_url)
+    app.state.metrics = Metrics(service)
+    app.state.inventory_updates = "ttl"
+    problems.install(app)
+    app.include_router(routes_inventory.router)
+    app.include_router(routes_vms.router)
+    app.include_router(routes_admin.router)
+
+    @app.get("/v1/health", tags=["health"])
+    def health(svc: Service = Depends(service_dep)) -> dict[str, Any]:
+        """Liveness and readiness: database reachable, sysfs readable. No token needed."""
+        with svc.sessions() as s:
+            s.execute(text("SELECT 1"))
+        gpus = len(svc.snapshot().inventory.gpus)
+        return {"status": "ok", "host": svc.hostname, "gpus": gpus, "simulated": svc.host.simulated,
+                "inventory_updates": app.state.inventory_updates, "licence_mode": svc.licence_mode}
+
+    @app.get("/metrics", tags=["health"], response_class=Response,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    def metrics() -> Response:
+        return Response(app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

@@ -1,0 +1,182 @@
+"""GPUs, types, vGPUs (allocations), placements and the hooks' endpoints."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from api import hookops
+from api.auth import READ, VGPU_WRITE, require
+from api.deps import idempotency_key, service
+from api.schemas import (
+    DomainHook,
+    PassthroughCreate,
+    PlacementRequest,
+    VgpuCreate,
+    VgpuEnsure,
+    VmRelease,
+    policy_of,
+)
+from api.tokens import HOOK, Token
+from vgpumgr import ids
+from vgpumgr.errors import InvalidInput, NotFound, PermissionDenied
+from vgpumgr.service import Service
+
+router = APIRouter(prefix="/v1")
+REFRESH = Query(default=False, description="re-read sysfs now instead of using the cached inventory")
+STATES = "^(reserved|active|released)$"
+
+
+def _inventory(svc: Service, refresh: bool):  # noqa: ANN202
+    return svc.snapshot(refresh=refresh).inventory
+
+
+@router.get("/gpus", tags=["inventory"])
+def list_gpus(refresh: bool = REFRESH, svc: Service = Depends(service), _: Token = Depends(require(*READ))
+              ) -> list[dict[str, Any]]:
+    return [g.to_json() for g in _inventory(svc, refresh).gpus]
+
+
+@router.get("/gpus/{address}", tags=["inventory"])
+def get_gpu(address: str, refresh: bool = REFRESH, svc: Service = Depends(service),
+            _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    address = ids.pci_address(address)
+    inv = _inventory(svc, refresh)
+    g = inv.gpu(address)
+    if g is None:
+        raise NotFound(f"no GPU {address}", hint="GET /v1/gpus lists the GPUs")
+    return {**g.to_json(), "types": [t.to_json() for t in inv.types if t.gpu == address or t.parent == address],
+            "mdevs": [m.to_json() for m in inv.mdevs if m.gpu == address],
+            "vf_vgpus": [v.to_json() for v in inv.vf_vgpus if v.gpu == address]}
+
+
+@router.get("/types", tags=["inventory"])
+def list_types(parent: str | None = Query(default=None, max_length=32), gpu: str | None = Query(default=None,
+               max_length=32), available: bool = False, refresh: bool = REFRESH, svc: Service = Depends(service),
+               _: Token = Depends(require(*READ))) -> list[dict[str, Any]]:
+    parent = ids.parent_name(parent) if parent else None
+    gpu = ids.pci_address(gpu) if gpu else None
+    return [t.to_json() for t in _inventory(svc, refresh).types
+            if (parent is None or t.parent == parent) and (gpu is None or t.gpu == gpu)
+            and (not available or t.available_instances > 0)]
+
+
+@router.get("/devices", tags=["inventory"])
+def list_devices(refresh: bool = REFRESH, svc: Service = Depends(service), _: Token = Depends(require(*READ))
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """The mdevs and VF vGPUs that exist on the host now, recorded by vgpumgr or not."""
+    inv = _inventory(svc, refresh)
+    return {"mdevs": [m.to_json() for m in inv.mdevs], "vf_vgpus": [v.to_json() for v in inv.vf_vgpus]}
+
+
+def _allocations(svc: Service, vm: str | None, gpu: str | None, state: str | None, live: bool | None
+                 ) -> list[dict[str, Any]]:
+    return svc.allocations(vm=ids.vm_name(vm) if vm else None, gpu=ids.pci_address(gpu) if gpu else None,
+                           state=state, live=live)
+
+
+@router.get("/vgpus", tags=["vgpus"])
+def list_vgpus(vm: str | None = Query(default=None, max_length=64), gpu: str | None = Query(default=None,
+               max_length=32), state: str | None = Query(default=None, pattern=STATES),
+               live: bool | None = Query(default=True, description="true: reserved or active; false: released"),
+               svc: Service = Depends(service), token: Token = Depends(require(*READ, HOOK))) -> list[dict[str, Any]]:
+    if token.role == HOOK and not vm:
+        raise PermissionDenied("a hook token may only list the vGPUs of one VM", hint="pass ?vm=NAME")
+    return _allocations(svc, vm, gpu, state, None if state else live)
+
+
+@router.post("/vgpus", status_code=201, tags=["vgpus"])
+def create_vgpu(body: VgpuCreate, request: Request, key: str | None = Depends(idempotency_key),
+                svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """Place and create one vGPU. Retrying with the same Idempotency-Key returns the same vGPU."""
+    if token.role == HOOK and not body.vm:
+        raise PermissionDenied("a hook token may only allocate vGPUs for a named VM", hint="set `vm`")
+    started = time.perf_counter()
+    result = svc.allocate(body.type, vm=body.vm, policy=policy_of(body.policy), idempotency_key=key,
+                          uuid=body.uuid, actor=token.actor)
+    request.app.state.metrics.observe_allocation(time.perf_counter() - started)
+    return result
+
+
+@router.post("/vgpus/passthrough", status_code=201, tags=["vgpus"])
+def create_passthrough(body: PassthroughCreate, key: str | None = Depends(idempotency_key),
+                       svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                       ) -> dict[str, Any]:
+    if token.role == HOOK and not body.vm:
+        raise PermissionDenied("a hook token may only allocate GPUs for a named VM", hint="set `vm`")
+    return svc.allocate_passthrough(body.address, vm=body.vm, idempotency_key=key, actor=token.actor)
+
+
+def _ref(ref: str) -> str:
+    if ids.is_pci_address(ref):
+        return ids.pci_address(ref)
+    try:
+        return ids.mdev_uuid(ref)
+    except InvalidInput:
+        raise InvalidInput(f"'{ref}' is neither an mdev UUID nor a PCI address",
+                           hint="name a vGPU by its UUID or a VF vGPU/passthrough GPU by its PCI address") from None
+
+
+@router.get("/vgpus/{ref}", tags=["vgpus"])
+def get_vgpu(ref: str, svc: Service = Depends(service), token: Token = Depends(require(*READ, HOOK))
+             ) -> dict[str, Any]:
+    return svc.find_allocation(_ref(ref))
+
+
+@router.delete("/vgpus/{ref}", tags=["vgpus"])
+def delete_vgpu(ref: str, grace: float = Query(default=0.0, ge=0, le=60), svc: Service = Depends(service),
+                token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """Destroy a vGPU and release its record and licence seat."""
+    ref = _ref(ref)
+    if token.role == HOOK and svc.find_allocation(ref)["vm"] is None:
+        raise PermissionDenied(f"{ref} belongs to no VM; a hook token may only release a VM's vGPUs",
+                               hint="use an operator token")
+    return svc.release(ref, actor=token.actor, grace=grace)
+
+
+@router.get("/placements", tags=["placements"])
+def list_placements(vm: str | None = Query(default=None, max_length=64), gpu: str | None = Query(default=None,
+                    max_length=32), svc: Service = Depends(service), _: Token = Depends(require(*READ))
+                    ) -> list[dict[str, Any]]:
+    """The live allocations: which vGPU sits where, for which VM."""
+    return _allocations(svc, vm, gpu, None, True)
+
+
+@router.post("/placements/preview", tags=["placements"])
+def preview_placement(body: PlacementRequest, svc: Service = Depends(service),
+                      _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    """What placement would choose now, and why each other candidate was refused. Changes nothing."""
+    return svc.place(body.type, body.vm, policy_of(body.policy)).as_dict()
+
+
+# -- hooks ---------------------------------------------------------------------------------------------
+@router.post("/hooks/ensure", tags=["hooks"])
+def hook_ensure(body: VgpuEnsure, response: Response, key: str | None = Depends(idempotency_key),
+                svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """Make sure mdev `uuid` exists for `vm` (201 when it had to be created, 200 when it was there)."""
+    alloc, created = hookops.ensure(svc, uuid=body.uuid, type_name=body.type, vm=body.vm, parent=body.parent,
+                                    idempotency_key=key, actor=token.actor)
+    response.status_code = 201 if created else 200
+    return alloc
+
+
+@router.post("/hooks/release", tags=["hooks"])
+def hook_release(body: VmRelease, svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                 ) -> dict[str, Any]:
+    """Release the live vGPUs of a VM (those listed, or all). Failures are listed under `errors`."""
+    return hookops.release_vm(svc, body.vm, body.uuids, grace=body.grace, actor=token.actor)
+
+
+@router.post("/hooks/libvirt/prepare", tags=["hooks"])
+def hook_libvirt_prepare(body: DomainHook, key: str | None = Depends(idempotency_key),
+                         svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                         ) -> dict[str, Any]:
+    return hookops.libvirt_prepare(svc, body.domain, body.xml, actor=token.actor, key_prefix=key)
+
+
+@router.post("/hooks/libvirt/release", tags=["hooks"])
+def hook_libvirt_release(body: DomainHook, svc: Service = Depends(service),
+                         token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    return hookops.libvirt_release(svc, body.domain, body.xml, grace=body.grace, actor=token.actor)

@@ -1,0 +1,76 @@
+"""VMs: create (with their vGPUs), delete, start, stop, XML, attach/detach a vGPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Response
+
+from api.auth import READ, VM_WRITE, require
+from api.deps import idempotency_key, service
+from api.schemas import VmAttach, VmCreate, policy_of
+from api.tokens import Token
+from vgpumgr.service import Service
+
+router = APIRouter(prefix="/v1/vms", tags=["vms"])
+VM = Path(min_length=1, max_length=64)
+
+
+@router.get("")
+def list_vms(svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> list[dict[str, Any]]:
+    return svc.list_vms()
+
+
+@router.post("", status_code=201)
+def create_vm(body: VmCreate, response: Response, key: str | None = Depends(idempotency_key),
+              svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
+    """Place and create the VM's GPU devices, define it (and start it). `print_xml` only renders the XML."""
+    result = svc.create_vm(body.name, vgpus=body.vgpus, passthrough=body.passthrough, mig=body.mig,
+                           memory_mib=body.memory_mib, vcpus=body.vcpus, disk=body.disk, network=body.network,
+                           firmware=body.firmware, display=body.display, policy=policy_of(body.policy),
+                           start=body.start, print_xml=body.print_xml, idempotency_key=key, actor=token.actor)
+    if body.print_xml:
+        response.status_code = 200
+    return result
+
+
+@router.get("/{name}")
+def get_vm(name: str = VM, svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    return svc.vm(name)
+
+
+@router.get("/{name}/xml", response_class=Response,
+            responses={200: {"content": {"application/xml": {"schema": {"type": "string"}}}}})
+def get_vm_xml(name: str = VM, svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> Response:
+    return Response(svc.vm_xml(name), media_type="application/xml")
+
+
+@router.delete("/{name}")
+def delete_vm(name: str = VM, svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))
+              ) -> dict[str, Any]:
+    """Stop and undefine the VM, then release its vGPUs and licence seats."""
+    return svc.delete_vm(name, actor=token.actor)
+
+
+@router.post("/{name}/start")
+def start_vm(name: str = VM, svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))
+             ) -> dict[str, Any]:
+    return svc.start_vm(name, actor=token.actor)
+
+
+@router.post("/{name}/stop")
+def stop_vm(name: str = VM, svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))
+            ) -> dict[str, Any]:
+    return svc.stop_vm(name, actor=token.actor)
+
+
+@router.post("/{name}/vgpus", status_code=201)
+def attach_vgpu(body: VmAttach, name: str = VM, svc: Service = Depends(service),
+                token: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
+    return svc.attach_vgpu(name, body.type, actor=token.actor)
+
+
+@router.delete("/{name}/vgpus/{ref}")
+def detach_vgpu(name: str = VM, ref: str = Path(min_length=1, max_length=64), svc: Service = Depends(service),
+                token: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
+    return svc.detach_vgpu(name, ref, actor=token.actor)
