@@ -25,7 +25,7 @@ from vgpumgr.backends import nvidia_vf
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
-from vgpumgr.db.models import Vm
+from vgpumgr.db.models import LicenceLease, Vm
 from vgpumgr.db.session import session_factory, upgrade
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
 from vgpumgr.inventory import scan
@@ -68,6 +68,9 @@ class Service:
         self.sessions = session_factory(cfg.db_url)
         self.lock_path = cfg.state_dir / "vgpumgr.lock"
         self.snapshot_ttl = snapshot_ttl
+        # A simulated host has no vendor driver that could remove an mdev by itself, so nothing to wait for.
+        default_grace = 0.0 if self.host.simulated else NVIDIA_TEARDOWN_GRACE
+        self.teardown_grace = float(os.environ.get("VGPUMGR_NVIDIA_TEARDOWN_GRACE", default_grace))
         self._snapshot: Snapshot | None = None
         self._snap_lock = threading.Lock()
 
@@ -452,7 +455,7 @@ class Service:
         released = []
         for a in self.allocations(vm=name, live=True):
             ref = a["uuid"] or a["pci_address"]
-            self.release(ref, actor=actor, grace=NVIDIA_TEARDOWN_GRACE if was_running and _is_nvidia(a) else 0.0)
+            self.release(ref, actor=actor, grace=self.teardown_grace if was_running and _is_nvidia(a) else 0.0)
             released.append(ref)
         with self.tx() as s:
             h = self._db_host(s)
@@ -723,8 +726,8 @@ class Service:
 def allocation_dict(a: AllocRow, s: Session | None = None) -> dict[str, Any]:
     detail = a.detail or {}
     vm = None
+    session = s or object_session(a)
     if a.vm_id is not None:
-        session = s or object_session(a)
         row = session.get(Vm, a.vm_id) if session else None
         vm = row.name if row else None
     return {
@@ -732,7 +735,7 @@ def allocation_dict(a: AllocRow, s: Session | None = None) -> dict[str, Any]:
         "gpu": detail.get("gpu"), "type": a.type_id,
         "type_name": a.type_name, "series": a.series, "vm": vm,
         "state": a.state, "idempotency_key": a.idempotency_key,
-        "licence": a.lease.pool.edition if a.lease_id and a.lease else None,
+        "licence": _edition(session, a.lease_id) if session is not None and a.lease_id else None,
         "created_at": _iso(a.created_at), "activated_at": _iso(a.activated_at), "released_at": _iso(a.released_at),
     }
 
@@ -764,6 +767,11 @@ def _suppress() -> Iterator[None]:
         yield
     except Exception:  # noqa: BLE001
         pass
+
+
+def _edition(s: Session, lease_id: int) -> str | None:
+    lease = s.get(LicenceLease, lease_id)
+    return lease.pool.edition if lease is not None else None
 
 
 def _iso(v: Any) -> str | None:

@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=int, default=1, help="copies of the profile's GPUs")
     p.add_argument("--vfs", type=int, default=None, help="VFs to enable per SR-IOV GPU")
     p.add_argument("--force", action="store_true", help="rebuild an existing simulated tree")
+    p = cmd(sim, ("sim", "reboot"), "vgpumgr.cli.sim:reboot",
+            "lose every mdev and VF vGPU type, as a host reboot or driver reload does")
     p = cmd(sim, ("sim", "hold"), "vgpumgr.cli.sim:hold", "pretend a process holds a device open (tests, demo)")
     p.add_argument("target", metavar="UUID|BDF")
     p.add_argument("--by", default="qemu-system-x86", help="process name")
@@ -137,6 +139,12 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         if e.hint:
             err.write(f"  hint: {e.hint}\n")
         return e.exit_code
+    except Exception as e:  # noqa: BLE001 - a bug: say so plainly; VGPUMGR_DEBUG=1 shows the traceback
+        if os.environ.get("VGPUMGR_DEBUG"):
+            raise
+        err.write(f"vgpumgr: internal error: {type(e).__name__}: {e}\n"
+                  "  hint: this is a bug in vgpumgr; run again with VGPUMGR_DEBUG=1 and report the traceback\n")
+        return 70
     except KeyboardInterrupt:
         err.write("vgpumgr: interrupted\n")
         return 130

@@ -40,3 +40,15 @@ def hold(args: argparse.Namespace, out: TextIO) -> int:
     os.symlink(f"/dev/vfio/{group}", fd_dir / "20")
     out.write(f"{args.by}[{pid}] now holds /dev/vfio/{group} ({target}); remove {cfg.host.proc / str(pid)} to let go\n")
     return 0
+
+
+def reboot(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.sim.kernel import reboot as sim_reboot
+
+    cfg = config(args)
+    if not cfg.host.simulated:
+        raise InvalidInput("`sim reboot` only works on a simulated root",
+                           hint="pass --sysfs-root DIR of a simulated host")
+    lost = sim_reboot(cfg.host.root)
+    out.write(f"simulated reboot: {lost['mdevs']} mdev(s) and {lost['vf_vgpus']} VF vGPU type(s) are gone\n")
+    return 0

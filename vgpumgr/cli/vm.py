@@ -1,0 +1,146 @@
+"""`vgpumgr vm`: create VMs with GPU devices, and their lifecycle."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from vgpumgr.cli.output import dump_json, table
+
+
+def register(sub: Any, cmd: Any, group: Any) -> None:
+    vm = group("vm", "libvirt VMs with vGPUs, passthrough GPUs or MIG-backed vGPUs")
+    p = cmd(vm, ("vm", "create"), "vgpumgr.cli.vm:create", "place and create GPU devices, define (and start) a VM")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--vgpu", action="append", default=[], metavar="TYPE", help="a vGPU type (T4-4Q, nvidia-232)")
+    p.add_argument("--passthrough", action="append", default=[], metavar="BDF", help="a whole GPU")
+    p.add_argument("--mig", action="append", default=[], metavar="PROFILE", help="a MIG-backed vGPU (1g.10gb)")
+    p.add_argument("--memory", type=int, default=4096, metavar="MIB")
+    p.add_argument("--vcpus", type=int, default=2)
+    p.add_argument("--disk", metavar="PATH", help="absolute path of a qcow2 or raw image")
+    p.add_argument("--network", metavar="NET", help="libvirt network name, or bridge:BR")
+    p.add_argument("--firmware", choices=("bios", "uefi"), default="bios")
+    p.add_argument("--display", action="store_true", help="display on the first mdev vGPU (VNC + ramfb)")
+    _policy_args(p)
+    p.add_argument("--start", action="store_true", help="start the VM after defining it")
+    p.add_argument("--print-xml", action="store_true", help="dry run: print the XML, change nothing")
+    p.add_argument("--json", action="store_true")
+    p = cmd(vm, ("vm", "list"), "vgpumgr.cli.vm:list_", "list VMs")
+    p.add_argument("--json", action="store_true")
+    for action, help_ in (("show", "show a VM and its vGPUs"), ("xml", "print a VM's domain XML"),
+                          ("start", "start a VM (re-creating vanished vGPUs first)"), ("stop", "stop a VM"),
+                          ("delete", "stop and undefine a VM, release its vGPUs and licence seats")):
+        p = cmd(vm, ("vm", action), f"vgpumgr.cli.vm:{action}", help_)
+        p.add_argument("name", metavar="NAME")
+        if action in ("show", "start", "stop", "delete"):
+            p.add_argument("--json", action="store_true")
+    p = cmd(vm, ("vm", "attach"), "vgpumgr.cli.vm:attach", "add a vGPU to a defined VM")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--vgpu", required=True, metavar="TYPE")
+    p = cmd(vm, ("vm", "detach"), "vgpumgr.cli.vm:detach", "remove a vGPU from a VM and release it")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("ref", metavar="UUID|BDF")
+
+
+def _policy_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("placement policy")
+    g.add_argument("--policy", choices=("pack", "spread"), default="pack")
+    g.add_argument("--numa", type=int, metavar="NODE", help="prefer GPUs on this NUMA node")
+    g.add_argument("--pin-gpu", metavar="BDF", help="only this physical GPU")
+    g.add_argument("--pin-parent", metavar="BDF", help="only this mdev parent or VF")
+    g.add_argument("--allow-model", action="append", default=[], metavar="MODEL")
+    g.add_argument("--deny-model", action="append", default=[], metavar="MODEL")
+    g.add_argument("--deny-gpu", action="append", default=[], metavar="BDF")
+
+
+def policy_from(args: argparse.Namespace):  # noqa: ANN201
+    from vgpumgr.placement import Policy
+
+    return Policy(strategy=args.policy, numa=args.numa, pin_gpu=args.pin_gpu, pin_parent=args.pin_parent,
+                  allow_models=tuple(args.allow_model), deny_models=tuple(args.deny_model),
+                  deny_gpus=frozenset(args.deny_gpu))
+
+
+def service(args: argparse.Namespace):  # noqa: ANN201
+    from vgpumgr.cli.devices import config
+    from vgpumgr.service import Service
+
+    return Service(config(args))
+
+
+def create(args: argparse.Namespace, out: TextIO) -> int:
+    svc = service(args)
+    res = svc.create_vm(args.name, vgpus=args.vgpu, passthrough=args.passthrough, mig=args.mig,
+                        memory_mib=args.memory, vcpus=args.vcpus, disk=args.disk, network=args.network,
+                        firmware=args.firmware, display=args.display, policy=policy_from(args), start=args.start,
+                        print_xml=args.print_xml)
+    if args.print_xml:
+        out.write(res["xml"])
+        return 0
+    if args.json:
+        dump_json(out, res)
+        return 0
+    out.write(f"VM {res['name']} {res['state']} ({res['uuid']}) with:\n")
+    for a in res["allocations"]:
+        out.write(f"  {a['type_name'] or a['type']:<24} {a['backend']:<12} {a.get('uuid') or a.get('pci_address')}"
+                  f"  on {a['parent']}\n")
+    return 0
+
+
+def list_(args: argparse.Namespace, out: TextIO) -> int:
+    vms = service(args).list_vms()
+    if args.json:
+        dump_json(out, vms)
+        return 0
+    table(out, ["NAME", "STATE", "UUID", "VGPUS"],
+          [[v["name"], v["state"], v["uuid"], " ".join(v["vgpus"]) or "-"] for v in vms], empty="no VMs")
+    return 0
+
+
+def _show(out: TextIO, data: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        dump_json(out, data)
+        return 0
+    out.write(f"{data['name']}: {data.get('state')}\n")
+    for a in data.get("allocations", []):
+        out.write(f"  {a['type_name'] or a['type']:<24} {a['backend']:<12} {a.get('uuid') or a.get('pci_address')}"
+                  f"  licence {a.get('licence') or '-'}\n")
+    return 0
+
+
+def show(args: argparse.Namespace, out: TextIO) -> int:
+    return _show(out, service(args).vm(args.name), args.json)
+
+
+def xml(args: argparse.Namespace, out: TextIO) -> int:
+    out.write(service(args).vm_xml(args.name))
+    return 0
+
+
+def start(args: argparse.Namespace, out: TextIO) -> int:
+    return _show(out, service(args).start_vm(args.name), args.json)
+
+
+def stop(args: argparse.Namespace, out: TextIO) -> int:
+    return _show(out, service(args).stop_vm(args.name), args.json)
+
+
+def delete(args: argparse.Namespace, out: TextIO) -> int:
+    res = service(args).delete_vm(args.name)
+    if args.json:
+        dump_json(out, res)
+    else:
+        out.write(f"VM {res['name']} deleted; released {', '.join(res['released']) or 'nothing'}\n")
+    return 0
+
+
+def attach(args: argparse.Namespace, out: TextIO) -> int:
+    a = service(args).attach_vgpu(args.name, args.vgpu)
+    out.write(f"attached {a['type_name']} {a.get('uuid') or a.get('pci_address')} to {args.name}\n")
+    return 0
+
+
+def detach(args: argparse.Namespace, out: TextIO) -> int:
+    a = service(args).detach_vgpu(args.name, args.ref)
+    out.write(f"detached and released {a.get('uuid') or a.get('pci_address')} from {args.name}\n")
+    return 0
