@@ -199,7 +199,7 @@ class Service:
                 store.activate(s, row)
                 self.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
                            detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
-                return allocation_dict(row)
+                return allocation_dict(row, s)
 
     def _decide(self, type_name: str, vm: str | None, policy: Policy,
                 free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
@@ -224,7 +224,7 @@ class Service:
             if row.state == "released":
                 raise Conflict(f"idempotency key '{key}' belongs to a released vGPU",
                                hint="use a new key for a new request")
-            return allocation_dict(row)
+            return allocation_dict(row, s)
 
     def _rollback_allocation(self, row_id: int, error: BaseException, actor: str | None) -> None:
         with self.tx() as s:
@@ -270,7 +270,7 @@ class Service:
                 store.activate(s, row)
                 self.event(s, audit.PLACEMENT, actor=actor, gpu=address, vm=vm, vgpu=address,
                            detail={"type": "passthrough", "name": g.name})
-                return allocation_dict(row)
+                return allocation_dict(row, s)
 
     def find_allocation(self, ref: str) -> dict[str, Any]:
         """A live allocation by mdev UUID or PCI address."""
@@ -312,7 +312,7 @@ class Service:
                 store.release(s, row)
                 self.event(s, audit.VGPU_REMOVE, actor=actor, gpu=(row.detail or {}).get("gpu"), vm=vm_name,
                            vgpu=uuid or address, detail={"type": row.type_id, "backend": backend})
-                return allocation_dict(row)
+                return allocation_dict(row, s)
 
     def _libvirt_holders(self, skip_vm: str | None):  # noqa: ANN202
         def factory(kind: str):  # noqa: ANN202
@@ -359,6 +359,7 @@ class Service:
         vm_uuid = ids.new_uuid()
         spec = VmSpec(name=name, uuid=vm_uuid, memory_mib=memory_mib, vcpus=vcpus, firmware=firmware, disk=disk,
                       network=network)
+        render(spec)  # bad memory, disk path or network is refused before anything is allocated
         if print_xml:
             spec.hostdevs = self._dry_run_hostdevs(name, vgpus, passthrough, mig, policy, display)
             return {"name": name, "uuid": vm_uuid, "state": "not defined", "xml": render(spec), "allocations": []}
