@@ -44,9 +44,12 @@ def gpus(args: argparse.Namespace, out: TextIO) -> int:
         if g.is_vf and not args.vfs:
             continue
         vfs = f"{g.sriov.numvfs}/{g.sriov.totalvfs}" if g.sriov else ("VF of " + g.physfn if g.physfn else "-")
-        mig = (g.nvml or {}).get("mig_mode", {}).get("current") if g.nvml else None
+        mig_state = ((g.nvml or {}).get("mig") or {})
+        mig = {"enabled": "on", "disabled": "off"}.get(mig_state.get("current") or "", "-")
+        if mig_state.get("pending") and mig_state.get("pending") != mig_state.get("current"):
+            mig += f" (pending {mig_state['pending']})"
         rows.append([g.address, f"{g.vendor_id}:{g.device_id}", g.name, g.driver, g.numa_node, g.iommu_group, vfs,
-                     ",".join(g.backends) or "-", {None: "-", 0: "off", 1: "on"}.get(mig, str(mig))])
+                     ",".join(g.backends) or "-", mig])
     table(out, ["ADDRESS", "ID", "NAME", "DRIVER", "NUMA", "IOMMU", "SR-IOV", "BACKENDS", "MIG"], rows,
           empty="no GPUs found")
     return 0
