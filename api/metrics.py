@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from vgpumgr import licensing
+from vgpumgr.db import store
 from vgpumgr.db.models import LIVE_STATES
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.service import Service
@@ -39,11 +40,12 @@ class _StateCollector(Collector):
             vgpus = GaugeMetricFamily("vgpumgr_vgpus", "vGPU allocations of this host (reserved/active)",
                                       labels=["type", "state"])
             with svc.sessions() as s:
-                host_id = svc._db_host(s).id  # noqa: SLF001 - the service's own host row
-                rows = s.execute(select(func.coalesce(AllocRow.type_name, AllocRow.type_id), AllocRow.state,
-                                        func.count()).where(AllocRow.host_id == host_id,
-                                                            AllocRow.state.in_(LIVE_STATES))
-                                 .group_by(AllocRow.type_name, AllocRow.type_id, AllocRow.state)).all()
+                host = store.get_host(s, svc.hostname)
+                label = func.coalesce(AllocRow.type_name, AllocRow.type_id)
+                stmt = (select(label, AllocRow.state, func.count())
+                        .where(AllocRow.host_id == (host.id if host else -1), AllocRow.state.in_(LIVE_STATES))
+                        .group_by(AllocRow.type_name, AllocRow.type_id, AllocRow.state))
+                rows = s.execute(stmt).all()
                 for type_name, state, n in rows:
                     vgpus.add_metric([type_name, state], n)
                 usage = licensing.usage(s)

@@ -1,0 +1,187 @@
+"""The hook scripts run as their callers run them, against the real server on a unix socket.
+
+Proxmox: `proxmox-vgpumgr <vmid> <phase>`; libvirt: `qemu <domain> <op> <sub-op> -` with the domain XML on
+stdin. The server is `python -m api.server --uds ...` on a simulated two-T4 host with a temp SQLite DB.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from lxml import etree
+
+from api import tokens
+from vgpumgr import domain
+from vgpumgr.config import Config
+from vgpumgr.host import Host
+from vgpumgr.inventory import scan
+from vgpumgr.sim import profiles
+
+REPO = Path(__file__).resolve().parents[1]
+PROXMOX = REPO / "scripts/hooks/proxmox-vgpumgr"
+LIBVIRT = REPO / "scripts/hooks/libvirt-qemu"
+GPU_A, GPU_B = "0000:3b:00.0", "0000:3d:00.0"
+
+
+@dataclass
+class Server:
+    root: Path
+    sock: Path
+    token: str
+    conf_dir: Path
+    cfg: Config
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
+        env.update(VGPUMGR_SOCKET=str(self.sock), VGPUMGR_TOKEN=self.token, VGPUMGR_PVE_CONF_DIR=str(self.conf_dir),
+                   VGPUMGR_RELEASE_GRACE="0", VGPUMGR_HOOK_TIMEOUT="20")
+        env.update(extra)
+        return env
+
+    def mdevs(self) -> dict[str, tuple[str, str]]:
+        return {m.uuid: (m.parent, m.type) for m in scan(Host(self.root)).mdevs}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("hooks")
+    root = profiles.create(tmp / "sim", "t4", scale=2)
+    testhost = tmp / "testhost.xml"
+    testhost.write_text("<node><cpu><mode>host-passthrough</mode></cpu></node>\n")
+    cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect=f"test://{testhost}")
+    token = tokens.create_token(cfg, "hook", "hook")
+    sock_dir = Path(tempfile.mkdtemp(prefix="vgh-"))  # unix socket paths must stay short
+    sock = sock_dir / "api.sock"
+    log = open(tmp / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
+                             "--state-dir", str(cfg.state_dir), "--connect", cfg.libvirt_uri], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {(tmp / 'server.log').read_text()}")
+            time.sleep(0.05)
+        conf_dir = tmp / "pve"
+        conf_dir.mkdir()
+        yield Server(root, sock, token, conf_dir, cfg)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def run(argv: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, input=stdin, env=env, capture_output=True, text=True, timeout=60)
+
+
+def pve_uuid(index: int, vmid: int) -> str:
+    return f"{index:08d}-0000-0000-0000-{vmid:012d}"
+
+
+def test_hooks_are_executable_and_stdlib_only() -> None:
+    for script in (PROXMOX, LIBVIRT):
+        assert os.access(script, os.X_OK)
+        text = script.read_text()
+        assert text.startswith("#!/usr/bin/env python3\n")
+        assert "import vgpumgr" not in text and "from vgpumgr" not in text
+
+
+def test_proxmox_pre_start_and_post_stop(server: Server) -> None:
+    (server.conf_dir / "8006.conf").write_text(
+        "boot: order=scsi0\n"
+        "hostpci0: 0000:3b:00.0,mdev=nvidia-232,pcie=1\n"
+        "hostpci1: 0000:5e:00.0,pcie=1\n"  # plain passthrough: not a vGPU
+        "hostpci2: mapping=tesla,mdev=nvidia-231\n"
+        "memory: 4096\n\n"
+        "[before-upgrade]\nhostpci5: 0000:3b:00.0,mdev=nvidia-234\n")  # a snapshot: not the current config
+    env = server.env()
+    for _ in range(2):  # a second pre-start (retry, or a new start) finds the same vGPUs
+        r = run([str(PROXMOX), "8006", "pre-start"], env)
+        assert r.returncode == 0, r.stderr
+        mdevs = server.mdevs()
+        assert mdevs[pve_uuid(0, 8006)] == (GPU_A, "nvidia-232")
+        assert mdevs[pve_uuid(2, 8006)] == (GPU_B, "nvidia-231")  # one vGPU per GPU per VM: the other GPU
+        assert pve_uuid(5, 8006) not in mdevs and len(mdevs) == 2
+    assert "00000000-0000-0000-0000-000000008006" in r.stdout
+    assert run([str(PROXMOX), "8006", "post-start"], env).returncode == 0
+    r = run([str(PROXMOX), "8006", "post-stop"], env)
+    assert r.returncode == 0, r.stderr
+    assert "released" in r.stdout and server.mdevs() == {}
+    r = run([str(PROXMOX), "8006", "pre-start"], env)  # the next start of the same VM
+    assert r.returncode == 0, r.stderr
+    assert set(server.mdevs()) == {pve_uuid(0, 8006), pve_uuid(2, 8006)}
+    assert run([str(PROXMOX), "8006", "post-stop"], env).returncode == 0
+    assert server.mdevs() == {}
+
+
+def test_proxmox_pre_start_failure_aborts_with_a_clear_message(server: Server) -> None:
+    (server.conf_dir / "200.conf").write_text("hostpci0: 0000:3b:00.0,mdev=nvidia-9999\n")
+    r = run([str(PROXMOX), "200", "pre-start"], server.env())
+    assert r.returncode == 1
+    assert "VM 200 pre-start" in r.stderr and "vgpumgr refused (404)" in r.stderr and "nvidia-9999" in r.stderr
+    r = run([str(PROXMOX), "404", "pre-start"], server.env())
+    assert r.returncode == 1 and "cannot read the VM config" in r.stderr
+
+
+def test_proxmox_hook_when_the_service_is_down_or_no_token(server: Server, tmp_path: Path) -> None:
+    (server.conf_dir / "300.conf").write_text("hostpci0: 0000:3b:00.0,mdev=nvidia-232\n")
+    down = server.env(VGPUMGR_SOCKET=str(tmp_path / "none.sock"))
+    r = run([str(PROXMOX), "300", "pre-start"], down)
+    assert r.returncode == 1 and "service is not running" in r.stderr and "none.sock" in r.stderr
+    no_token = server.env(VGPUMGR_TOKEN="", VGPUMGR_TOKEN_FILE=str(tmp_path / "missing.token"))
+    r = run([str(PROXMOX), "300", "pre-start"], no_token)
+    assert r.returncode == 1 and "no hook token" in r.stderr
+    (tmp_path / "bad.token").write_text("vgm_wrong\n")
+    r = run([str(PROXMOX), "300", "pre-start"], server.env(VGPUMGR_TOKEN="", VGPUMGR_TOKEN_FILE=str(
+        tmp_path / "bad.token")))
+    assert r.returncode == 1 and "(401)" in r.stderr
+    assert run([str(PROXMOX), "300", "pre-stop"], down).returncode == 0  # phases it does not handle
+    assert run([str(PROXMOX), "abc", "pre-start"], down).returncode == 2
+    assert server.mdevs() == {}
+
+
+def _xml(name: str, uuid: str, meta: dict | None) -> str:
+    d = domain.build(domain.VmSpec(name, hostdevs=[domain.Hostdev("mdev", uuid=uuid)]))
+    if meta:
+        d.set_allocations([meta])
+    return etree.tostring(d.element, encoding="unicode")
+
+
+def test_libvirt_hook_prepare_and_release(server: Server) -> None:
+    uuid = "8f7c3c52-1d6e-4a3c-9f1e-2b0d7d5a9c10"
+    xml = _xml("lv1", uuid, {"uuid": uuid, "backend": "mdev", "parent": GPU_B, "type": "nvidia-233"})
+    env = server.env()
+    r = run([str(LIBVIRT), "lv1", "prepare", "begin", "-"], env, xml)
+    assert r.returncode == 0, r.stderr
+    assert server.mdevs() == {uuid: (GPU_B, "nvidia-233")} and "re-created" in r.stdout
+    assert run([str(LIBVIRT), "lv1", "start", "begin", "-"], env, xml).returncode == 0
+    r = run([str(LIBVIRT), "lv1", "release", "end", "-"], env, xml)
+    assert r.returncode == 0, r.stderr
+    assert server.mdevs() == {}
+    # A host reboot: the device is gone; the domain's metadata says what to make again.
+    assert run([str(LIBVIRT), "lv1", "prepare", "begin", "-"], env, xml).returncode == 0
+    assert server.mdevs() == {uuid: (GPU_B, "nvidia-233")}
+    assert run([str(LIBVIRT), "lv1", "release", "end", "-"], env, xml).returncode == 0
+
+
+def test_libvirt_hook_refuses_unknown_mdevs_and_ignores_plain_domains(server: Server, tmp_path: Path) -> None:
+    stranger = _xml("lv2", "11111111-2222-3333-4444-555555555555", None)
+    r = run([str(LIBVIRT), "lv2", "prepare", "begin", "-"], server.env(), stranger)
+    assert r.returncode == 1 and "domain lv2 prepare begin" in r.stderr and "metadata" in r.stderr
+    plain = domain.render(domain.VmSpec("plain", hostdevs=[domain.Hostdev("passthrough", address=GPU_A)]))
+    down = server.env(VGPUMGR_SOCKET=str(tmp_path / "none.sock"))
+    assert run([str(LIBVIRT), "plain", "prepare", "begin", "-"], down, plain).returncode == 0
+    r = run([str(LIBVIRT), "lv2", "prepare", "begin", "-"], down, stranger)
+    assert r.returncode == 1 and "service is not running" in r.stderr
+    assert run([str(LIBVIRT), "lv2"], down).returncode == 2
