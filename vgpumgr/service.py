@@ -25,6 +25,7 @@ from vgpumgr.backends import nvidia_vf
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
+from vgpumgr.db.models import Gpu as GpuRow
 from vgpumgr.db.models import LicenceLease, Vm
 from vgpumgr.db.session import session_factory, upgrade
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
@@ -72,6 +73,11 @@ class Service:
         default_grace = 0.0 if self.host.simulated else NVIDIA_TEARDOWN_GRACE
         self.teardown_grace = float(os.environ.get("VGPUMGR_NVIDIA_TEARDOWN_GRACE", default_grace))
         self._snapshot: Snapshot | None = None
+        self._dirty_gpus: set[str | None] = set()
+        self._host_id: int | None = None
+        self._gpu_ids: dict[str, int] = {}
+        with self.tx() as s:
+            self._host_id = store.upsert_host(s, self.hostname).id
         self._snap_lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -85,8 +91,12 @@ class Service:
         with host_lock(self.lock_path, timeout=timeout):
             yield
 
-    def _db_host(self, s: Session):  # noqa: ANN202
-        return store.upsert_host(s, self.hostname)
+    def _db_host(self, s: Session) -> int:
+        """This host's row id (made when the service starts)."""
+        if self._host_id is None:
+            with self.tx() as hs:
+                self._host_id = store.upsert_host(hs, self.hostname).id
+        return self._host_id
 
     def event(self, s: Session, action: str, outcome: str = OK, *, actor: str | None = None, **kw: Any) -> None:
         audit.append(s, actor=actor or self.cfg.actor, action=action, outcome=outcome, host=self.hostname, **kw)
@@ -96,13 +106,36 @@ class Service:
             self.event(s, action, FAILED, actor=actor, error=str(error), **kw)
 
     def snapshot(self, refresh: bool = False) -> Snapshot:
+        """The host as last read. Our own changes re-read only the GPU they touched; anything else
+        (udev events, other processes) is picked up by `invalidate()` or after `snapshot_ttl` seconds."""
         with self._snap_lock:
             snap = self._snapshot
             if refresh or snap is None or time.monotonic() - snap.taken > self.snapshot_ttl:
                 inv = scan(self.host)
                 self._merge_nvml(inv)
                 snap = self._snapshot = Snapshot(inv, Placer(inv))
+                self._dirty_gpus.clear()
+            elif self._dirty_gpus:
+                inv = self._rescan_gpus(snap.inventory, self._dirty_gpus)
+                snap = self._snapshot = Snapshot(inv, Placer(inv), snap.taken)
+                self._dirty_gpus.clear()
             return snap
+
+    def _rescan_gpus(self, inv: Inventory, gpus: set[str | None]) -> Inventory:
+        from vgpumgr.discovery import mdev as mdev_disc
+        from vgpumgr.discovery import nvidia_vf as vf_disc
+        from vgpumgr.inventory import discover_types
+
+        parents = {t.parent for t in inv.types if t.gpu in gpus or (t.gpu is None and t.parent in gpus)}
+        types = [t for t in inv.types if t.parent not in parents]
+        for p in sorted(parents):
+            types += discover_types(self.host, p)
+        names = {int(t.type[7:]): t.name for t in types if t.type.startswith("nvidia-")}
+        inv.types = types
+        inv.mdevs = mdev_disc.discover_mdevs(self.host)
+        inv.vf_vgpus = vf_disc.discover_vf_vgpus(self.host, names | {int(v.type[7:]): v.name for v in inv.vf_vgpus
+                                                                     if v.name})
+        return inv
 
     def invalidate(self) -> None:
         with self._snap_lock:
@@ -154,36 +187,39 @@ class Service:
                 found = self._by_key(idempotency_key)
                 if found is not None:
                     return found
-            decision = self._decide(type_name, vm, policy, free_gpu_instances)
-            c = decision.choice
+            with self.tx() as s:  # one transaction: read the records, place, reserve, take a seat, audit
+                decision = self._decide(s, type_name, vm, policy, free_gpu_instances)
+                c = decision.choice
+                if c is None:
+                    err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
+                                     hint="`vgpumgr place --type ... --explain` shows why each candidate was refused",
+                                     rejected=[r.__dict__ for r in decision.rejected][:20])
+                    self.event(s, audit.PLACEMENT, FAILED, actor=actor, vm=vm, error=str(err),
+                               detail={"type": type_name, "policy": dataclasses.asdict(policy)})
+                else:
+                    inv = self.snapshot().inventory
+                    t = next((t for t in inv.types_of(c.parent) if t.type == c.type), None)
+                    parsed = ids.parse_type_name(c.name or "")
+                    fb = t.framebuffer_mb if t and t.framebuffer_mb else (
+                        int(parsed.framebuffer_gb * 1024) if parsed else None)
+                    series = t.series if t and t.series else (parsed.series if parsed else None)
+                    new_uuid = (uuid or ids.new_uuid()) if c.backend == BACKEND_MDEV else None
+                    g = inv.gpu(c.gpu) if c.gpu else None
+                    h = self._db_host(s)
+                    gpu_row = self._gpu_row(s, c.gpu, g.name if g else "") if c.gpu else None
+                    vm_row = store.upsert_vm(s, h, vm) if vm else None
+                    row = store.reserve_allocation(
+                        s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
+                        pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
+                        type_name=c.name, series=series, idempotency_key=idempotency_key,
+                        detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})})
+                    licensing.acquire(s, vm_row, gpu_row, series, self.licence_mode, allocation=row,
+                                      actor=actor or self.cfg.actor, host_name=self.hostname)
+                    self.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
+                               detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
+                    row_id = row.id
             if c is None:
-                err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
-                                 hint="`vgpumgr place --type ... --explain` shows why each candidate was refused",
-                                 rejected=[r.__dict__ for r in decision.rejected][:20])
-                self.record_failure(audit.PLACEMENT, err, actor=actor, vm=vm,
-                                    detail={"type": type_name, "policy": policy.__dict__ if policy else None})
                 raise err
-            inv = self.snapshot().inventory
-            t = next((t for t in inv.types_of(c.parent) if t.type == c.type), None)
-            parsed = ids.parse_type_name(c.name or "")
-            fb = t.framebuffer_mb if t and t.framebuffer_mb else (int(parsed.framebuffer_gb * 1024) if parsed else None)
-            series = t.series if t and t.series else (parsed.series if parsed else None)
-            new_uuid = (uuid or ids.new_uuid()) if c.backend == BACKEND_MDEV else None
-            g = inv.gpu(c.gpu) if c.gpu else None
-            with self.tx() as s:
-                h = self._db_host(s)
-                gpu_row = store.upsert_gpu(s, h, c.gpu, model=g.name if g else "") if c.gpu else None
-                vm_row = store.upsert_vm(s, h, vm) if vm else None
-                row = store.reserve_allocation(
-                    s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
-                    pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
-                    type_name=c.name, series=series, idempotency_key=idempotency_key,
-                    detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})})
-                licensing.acquire(s, vm_row, gpu_row, series, self.licence_mode, allocation=row,
-                                  actor=actor or self.cfg.actor, host_name=self.hostname)
-                self.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
-                           detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
-                row_id = row.id
             try:
                 if c.backend == BACKEND_MDEV:
                     mdev_backend.create(self.host, c.parent, c.type, new_uuid)
@@ -193,7 +229,7 @@ class Service:
                 self._rollback_allocation(row_id, e, actor)
                 self.invalidate()
                 raise
-            self._touch(c.parent)
+            self._touch(c.gpu, c.parent)
             with self.tx() as s:
                 row = s.get(AllocRow, row_id)
                 store.activate(s, row)
@@ -201,10 +237,9 @@ class Service:
                            detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
                 return allocation_dict(row, s)
 
-    def _decide(self, type_name: str, vm: str | None, policy: Policy,
+    def _decide(self, s: Session, type_name: str, vm: str | None, policy: Policy,
                 free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
-        with self.sessions() as s:
-            records = self._live_records(s)
+        records = self._live_records(s)
         req = Request(type_name, vm)
         decision = self.snapshot().placer.place(records, req, policy, free_gpu_instances=free_gpu_instances)
         if decision.choice is None and time.monotonic() - self.snapshot().taken > 0.05:
@@ -212,13 +247,23 @@ class Service:
                                                                 free_gpu_instances=free_gpu_instances)
         return decision
 
-    def _touch(self, parent: str) -> None:
-        """Our own change makes the snapshot stale: take a new one next time."""
-        self.invalidate()
+    def _gpu_row(self, s: Session, address: str, model: str) -> GpuRow:
+        """The GPU's row (upserted once per service; later a primary-key lookup)."""
+        key = self._gpu_ids.get(address)
+        row = s.get(GpuRow, key) if key is not None else None
+        if row is None:
+            row = store.upsert_gpu(s, self._db_host(s), address, model=model)
+            self._gpu_ids[address] = row.id
+        return row
+
+    def _touch(self, gpu: str | None, parent: str) -> None:
+        """Our own change: re-read that GPU's parents (availability moves across all VFs of a GPU)."""
+        with self._snap_lock:
+            self._dirty_gpus.add(gpu or parent)
 
     def _by_key(self, key: str) -> dict[str, Any] | None:
         with self.sessions() as s:
-            row = store.find_by_idempotency_key(s, self._db_host(s).id, key)
+            row = store.find_by_idempotency_key(s, self._db_host(s), key)
             if row is None:
                 return None
             if row.state == "released":
@@ -296,17 +341,20 @@ class Service:
                 row_id, backend = row.id, row.backend
                 uuid, address = row.uuid, row.pci_address
                 vm_name = allocation_dict(row, s)["vm"]
-            holder_check = self._libvirt_holders(skip_vm=None)
+                gpu, parent = (row.detail or {}).get("gpu"), row.parent
+            # A running QEMU holds the device's VFIO group, which the backends see in /proc; libvirt is
+            # asked as well only for a vGPU that belongs to a VM (its domain may run under another driver).
+            holders = self._libvirt_holders(skip_vm=None) if vm_name else (lambda kind: None)
             try:
                 if backend == BACKEND_MDEV and uuid:
-                    mdev_backend.remove(self.host, uuid, grace=grace, holder_check=holder_check("mdev"))
+                    mdev_backend.remove(self.host, uuid, grace=grace, holder_check=holders("mdev"))
                 elif backend == BACKEND_NVIDIA_VF and address:
-                    nvidia_vf.clear_type(self.host, address, holder_check=holder_check("pci"),
+                    nvidia_vf.clear_type(self.host, address, holder_check=holders("pci"),
                                          retries=10 if grace else 3, delay=1.0 if grace else 0.2)
             except VgpuError as e:
                 self.record_failure(audit.VGPU_REMOVE, e, actor=actor, vm=vm_name, vgpu=uuid or address)
                 raise
-            self.invalidate()
+            self._touch(gpu, parent)
             with self.tx() as s:
                 row = s.get(AllocRow, row_id)
                 store.release(s, row)

@@ -19,6 +19,12 @@ def write(host: Host, path: Path, data: str, action: str, hint: str | None = Non
     The real kernel can block a writer indefinitely (an mdev `remove` while a VM holds it), so the
     write runs in a daemon thread and we stop waiting after `timeout`.
     """
+    if host.simulated:  # the emulator applies a write synchronously and never blocks: no watchdog thread
+        try:
+            host.write(path, data)
+        except OSError as e:
+            raise from_oserror(e, action, hint) from e
+        return
     result: list[BaseException | None] = []
 
     def run() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from vgpumgr.mig import profile_for_type
 from vgpumgr.sim import catalog, rules
-from vgpumgr.sim.tree import SimTree, link, vf_address, write
+from vgpumgr.sim.tree import SimTree, link, update, vf_address, write
 
 # interfaces: how a GPU exposes vGPUs
 MDEV_PF = "mdev-pf"  # legacy: mdev types on the physical function (T4)
@@ -132,7 +132,7 @@ def refresh(tree: SimTree, pf: str) -> None:
         d = tree.device_dir(pf)
         existing = [t for _, t in tree.mdevs_of(d)]
         for name, n in rules.gvtg_available(catalog.GVTG_TYPES, catalog.GVTG_BUDGET, existing).items():
-            write(d / "mdev_supported_types" / name / "available_instances", f"{n}\n")
+            update(d / "mdev_supported_types" / name / "available_instances", f"{n}\n")
         return
     if iface not in (MDEV_PF, MDEV_VF, NVIDIA_VF):
         return
@@ -148,21 +148,21 @@ def refresh(tree: SimTree, pf: str) -> None:
     if iface == MDEV_PF:
         d = tree.device_dir(pf)
         for tid, n in creatable.items():
-            write(d / f"mdev_supported_types/nvidia-{tid}/available_instances", f"{n}\n")
+            update(d / f"mdev_supported_types/nvidia-{tid}/available_instances", f"{n}\n")
         return
     for va in vfs_of(tree, pf):
         vdir = tree.device_dir(va)
         if iface == MDEV_VF:
             busy = bool(tree.mdevs_of(vdir))
             for tid, n in creatable.items():
-                write(vdir / f"mdev_supported_types/nvidia-{tid}/available_instances",
+                update(vdir / f"mdev_supported_types/nvidia-{tid}/available_instances",
                       f"{0 if busy or n == 0 else 1}\n")
         else:
             busy = int((vdir / "nvidia/current_vgpu_type").read_text()) != 0
             lines = ["ID    : vGPU Name\n"]
             if not busy:
                 lines += [f"{tid:<5d} : {by_id[tid]['name']}\n" for tid, n in creatable.items() if n > 0]
-            write(vdir / "nvidia/creatable_vgpu_types", "".join(lines))
+            update(vdir / "nvidia/creatable_vgpu_types", "".join(lines))
 
 
 def physical_gpu_of(tree: SimTree, function_dir: Path) -> str | None:

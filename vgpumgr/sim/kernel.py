@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import rules
-from vgpumgr.sim.tree import SimTree, write
+from vgpumgr.sim.tree import SimTree, update, write
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _READ_ONLY = {"available_instances", "name", "description", "device_api", "vendor", "device", "class",
@@ -102,7 +102,7 @@ class KernelEmulator:
         if sample:
             existing = [t for _, t in tree.mdevs_of(pdir)]
             for tname, n in rules.pool_available(sample["costs"], sample["budget"], existing).items():
-                write(pdir / "mdev_supported_types" / tname / "available_instances", f"{n}\n")
+                update(pdir / "mdev_supported_types" / tname / "available_instances", f"{n}\n")
             return
         pf = simgpus.physical_gpu_of(tree, pdir)
         if pf:

@@ -26,4 +26,4 @@ def sync_from_nvml(root: Path, layer: Any) -> None:
             gpu["mig"] = f["mig"].get("current") == "enabled"
             gpu["gpu_instances"] = [gi["profile"] for gi in f["mig"].get("gpu_instances", [])]
             simgpus.refresh(tree, address)
-        tree.save()
+        tree.save(force=True)

@@ -113,7 +113,7 @@ def add_samples(tree: SimTree) -> None:
 
 
 def _populate(root: Path, profile: str, scale: int, vfs: int | None) -> None:
-    state = {"version": 1, "profile": profile, "scale": scale, "next_iommu_group": 10, "gpus": {}, "samples": {}}
+    state = {"version": 1, "profile": profile, "scale": scale, "first_iommu_group": 10, "gpus": {}, "samples": {}}
     (root / SIM_MARKER).write_text(json.dumps(state))
     for d in ("sys/bus/mdev/devices", "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "proc"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ def _populate(root: Path, profile: str, scale: int, vfs: int | None) -> None:
     for drv in ("nvidia", "vfio-pci", "i915"):
         tree.ensure_driver(drv)
     _build(tree, profile, scale, vfs)
-    tree.save()
+    tree.save(force=True)
     _create_nvml(root, tree)
 
 

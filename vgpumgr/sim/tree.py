@@ -23,6 +23,18 @@ def write(path: Path, content: str) -> None:
     path.write_text(content)
 
 
+def update(path: Path, content: str) -> None:
+    """Rewrite an existing attribute file only when its value changes (the emulator's hot path)."""
+    try:
+        with open(path) as f:
+            if f.read() == content:
+                return
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(content)
+
+
 def link(path: Path, target: Path) -> None:
     """A relative symlink, as sysfs has them."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,6 +64,7 @@ class SimTree:
         self.root = Path(root)
         self.sys = self.root / "sys"
         self._state: dict[str, Any] | None = None
+        self.dirty = False
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -64,14 +77,20 @@ class SimTree:
             self._state = json.loads(self.state_path.read_text())
         return self._state
 
-    def save(self) -> None:
+    def save(self, force: bool = False) -> None:
+        """Persist the state if someone marked it changed (most writes change sysfs files only)."""
+        if self._state is None or not (self.dirty or force):
+            return
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1, sort_keys=True))
+        tmp.write_text(json.dumps(self.state, separators=(",", ":")))
         os.replace(tmp, self.state_path)
 
     def new_iommu_group(self) -> int:
-        n = self.state["next_iommu_group"]
-        self.state["next_iommu_group"] = n + 1
+        """The lowest free group number from 10 up: the kernel reuses the numbers of removed groups."""
+        used = {int(n) for n in os.listdir(self.sys / "kernel/iommu_groups") if n.isdigit()}
+        n = self.state.get("first_iommu_group", 10)
+        while n in used:
+            n += 1
         return n
 
     # -- paths ----------------------------------------------------------------------------------
