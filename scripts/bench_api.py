@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Load test of the REST API: N concurrent clients allocate and release vGPUs on a simulated 8-GPU T4 host.
+
+    .venv/bin/python scripts/bench_api.py [--clients 8] [--pairs 2000] [--seconds 30] [--type T4-1Q]
+
+Starts `python -m api.server` on 127.0.0.1 (a free port) against `vgpumgr sim create DIR --profile t4
+--scale 8` and a fresh SQLite database, then prints throughput (allocate+release pairs per second),
+p50/p99 latencies, double allocations (a UUID handed out while still live, or an mdev left over) and 5xx
+responses. Targets: >= 300 pairs/s, p99 <= 50 ms, 0 double allocations, 0 5xx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from api import tokens  # noqa: E402
+from vgpumgr.config import Config  # noqa: E402
+from vgpumgr.host import Host  # noqa: E402
+from vgpumgr.inventory import scan  # noqa: E402
+from vgpumgr.sim import profiles  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.live: set[str] = set()
+        self.peak_live = 0
+        self.pairs: list[float] = []
+        self.alloc: list[float] = []
+        self.release: list[float] = []
+        self.doubles = 0
+        self.server_errors = 0
+        self.other_errors: dict[int, int] = {}
+        self.examples: list[str] = []
+
+    def error(self, status: int, body: bytes) -> None:
+        with self.lock:
+            if status >= 500:
+                self.server_errors += 1
+            else:
+                self.other_errors[status] = self.other_errors.get(status, 0) + 1
+            if len(self.examples) < 5:
+                self.examples.append(f"{status}: {body[:200].decode(errors='replace')}")
+
+
+def client(n: int, port: int, token: str, type_name: str, stats: Stats, budget: list[int], deadline: float,
+           hold: float) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    body = json.dumps({"type": type_name, "vm": f"bench-{n}"})
+    while time.monotonic() < deadline:
+        with stats.lock:
+            if budget[0] <= 0:
+                break
+            budget[0] -= 1
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/vgpus", body=body, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        t1 = time.perf_counter()
+        if r.status != 201:
+            stats.error(r.status, data)
+            continue
+        uuid = json.loads(data)["uuid"]
+        with stats.lock:  # held from the 201 until the DELETE is sent: nobody else may get it meanwhile
+            if uuid in stats.live:
+                stats.doubles += 1
+            stats.live.add(uuid)
+            stats.peak_live = max(stats.peak_live, len(stats.live))
+        time.sleep(hold)
+        with stats.lock:
+            stats.live.discard(uuid)
+        conn.request("DELETE", f"/v1/vgpus/{uuid}", headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        t2 = time.perf_counter()
+        if r.status != 200:
+            stats.error(r.status, data)
+            continue
+        with stats.lock:
+            stats.alloc.append(t1 - t0)
+            stats.release.append(t2 - t1)
+            stats.pairs.append(t2 - t0)
+    conn.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--pairs", type=int, default=2000, help="allocate+release pairs in all (bound)")
+    p.add_argument("--seconds", type=float, default=30.0, help="time bound")
+    p.add_argument("--type", default="T4-1Q", help="T4-16Q (one per GPU) with more clients than GPUs tests "
+                   "that capacity is never over-committed")
+    p.add_argument("--hold", type=float, default=0.0, help="seconds each client keeps its vGPU before releasing")
+    a = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="vgpumgr-bench-api-"))
+    root = profiles.create(tmp / "sim", "t4", scale=8)
+    cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect="test:///default")
+    token = tokens.create_token(cfg, "bench", "operator")
+    port = free_port()
+    env = {**os.environ, "VGPUMGR_SYSFS_ROOT": str(root), "VGPUMGR_STATE_DIR": str(cfg.state_dir)}
+    log = open(tmp / "server.log", "w")  # noqa: SIM115
+    server = subprocess.Popen([sys.executable, "-m", "api.server", "--host", "127.0.0.1", "--port", str(port),
+                               "--connect", "test:///default"], cwd=REPO, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c.request("GET", "/v1/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                print((tmp / "server.log").read_text(), file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+        capacity = sum(t.available_instances for t in scan(Host(root)).types if t.matches(a.type))
+        stats = Stats()
+        budget = [a.pairs]
+        start = time.monotonic()
+        threads = [threading.Thread(target=client, args=(i, port, token, a.type, stats, budget, start + a.seconds,
+                                                             a.hold))
+                   for i in range(a.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - start
+        left = scan(Host(root)).mdevs
+        over = max(0, stats.peak_live - capacity)
+        doubles = stats.doubles + len(left) + over
+        rate = len(stats.pairs) / elapsed
+        print(f"host: simulated 8x T4, {a.clients} clients, type {a.type}, {len(stats.pairs)} pairs in {elapsed:.1f} s")
+        print(f"throughput: {rate:.0f} allocate+release pairs/s (target >= 300)")
+        print(f"pair latency: p50 {pct(stats.pairs, .5):.1f} ms, p99 {pct(stats.pairs, .99):.1f} ms (target <= 50)")
+        print(f"allocate: p50 {pct(stats.alloc, .5):.1f} ms, p99 {pct(stats.alloc, .99):.1f} ms; "
+              f"release: p50 {pct(stats.release, .5):.1f} ms, p99 {pct(stats.release, .99):.1f} ms")
+        print(f"double allocations: {doubles} (UUID handed out twice: {stats.doubles}, mdevs left over: {len(left)}, "
+              f"peak live {stats.peak_live} of capacity {capacity})")
+        print(f"5xx responses: {stats.server_errors}; other errors: {stats.other_errors or 0}")
+        for ex in stats.examples:
+            print(f"  e.g. {ex}")
+        return 0 if doubles == 0 and stats.server_errors == 0 else 1
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
