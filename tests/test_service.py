@@ -270,3 +270,17 @@ def test_reconcile_after_a_simulated_reboot(tmp_path: Path) -> None:
     r = svc.reconcile(fix=True, remove_unknown=True)
     assert r["removed"] == [stray.uuid] and r["missing"] == []
     assert {m.uuid for m in discover_mdevs(svc.host)} == {a["uuid"]}
+
+
+def test_mig_backed_vgpu_on_the_vendor_vf_interface(tmp_path: Path) -> None:
+    svc = make_service(tmp_path, "h100-mig", vfs=4)
+    assert svc.snapshot().inventory.types == []  # MIG on and no GPU instance yet: nothing is creatable
+    a = svc.create_vm("ml1", mig=["1g.10gb"])["allocations"][0]
+    b = svc.create_vm("ml2", mig=["1g.10gb+me"])["allocations"][0]
+    assert (a["type_name"], a["backend"], a["pci_address"]) == ("NVIDIA H100XM-1-10C", "nvidia-vf", "0000:19:00.4")
+    assert (b["type_name"], b["pci_address"]) == ("NVIDIA H100XM-1-10CME", "0000:19:00.5")
+    assert "managed='no'" in svc.vm_xml("ml1")
+    gis = svc._nvml().gpus()["0000:19:00.0"]["mig"]["gpu_instances"]
+    assert sorted(gi["profile"] for gi in gis) == ["1g.10gb", "1g.10gb+me"]
+    assert {v.address: v.type for v in discover_vf_vgpus(svc.host)} == {"0000:19:00.4": "nvidia-1131",
+                                                                         "0000:19:00.5": "nvidia-1130"}

@@ -43,7 +43,7 @@ def read_function(host: Host, address: str, names: PciNames | None = None) -> Gp
         subsystem_vendor_id=_hex(read(f"{d}/subsystem_vendor")),
         subsystem_device_id=_hex(read(f"{d}/subsystem_device")),
         class_code=read(f"{d}/class") or "",
-        name=(names or PciNames(host)).lookup(vendor, device),
+        name=(names or PciNames(host)).lookup(vendor, device, address),
         driver=link_name(f"{d}/driver"),
         numa_node=read_int(f"{d}/numa_node", -1) if read_int(f"{d}/numa_node") is not None else -1,
         iommu_group=int(group) if group and group.isdigit() else None,
@@ -83,14 +83,16 @@ class PciNames:
         self._udev = None
         self._cache: dict[tuple[str, str], str] = {}
 
-    def lookup(self, vendor: str, device: str) -> str:
+    def lookup(self, vendor: str, device: str, address: str | None = None) -> str:
         key = (vendor, device)
         if key not in self._cache:
-            self._cache[key] = self._from_pci_ids(vendor, device) or f"PCI device {vendor}:{device}"
+            self._cache[key] = ((self.from_udev(address) if address else None)
+                                or self._from_pci_ids(vendor, device) or f"PCI device {vendor}:{device}")
         return self._cache[key]
 
     def from_udev(self, address: str) -> str | None:
-        if self.host.simulated or str(self.host.root) != "/":
+        """udev's hwdb name (ID_VENDOR/MODEL_FROM_DATABASE), when udev has a database for the device."""
+        if self.host.simulated or str(self.host.root) != "/" or not os.path.isdir("/run/udev/data"):
             return None
         try:
             import pyudev
@@ -98,7 +100,9 @@ class PciNames:
             if self._udev is None:
                 self._udev = pyudev.Context()
             dev = pyudev.Devices.from_sys_path(self._udev, f"/sys/bus/pci/devices/{address}")
-            return dev.properties.get("ID_MODEL_FROM_DATABASE")
+            model = dev.properties.get("ID_MODEL_FROM_DATABASE")
+            vendor = dev.properties.get("ID_VENDOR_FROM_DATABASE")
+            return f"{vendor.split()[0]} {model}" if model and vendor else model
         except Exception:  # noqa: BLE001 - no udev database is a normal state (containers, no udevd)
             return None
 
