@@ -58,7 +58,7 @@ def ensure(service: Service, *, uuid: str, type_name: str, vm: str, parent: str 
 
 
 def release_vm(service: Service, vm: str, uuids: list[str] | None = None, *, grace: float = 0.0,
-               actor: str | None = None) -> dict[str, Any]:
+               actor: str | None = None, check_libvirt: bool = True) -> dict[str, Any]:
     """Release the live vGPUs of `vm` (only `uuids` when given). Errors are collected, not raised."""
     vm = ids.vm_name(vm)
     wanted = {ids.mdev_uuid(u) for u in uuids} if uuids is not None else None
@@ -68,7 +68,7 @@ def release_vm(service: Service, vm: str, uuids: list[str] | None = None, *, gra
         if wanted is not None and a.get("uuid") not in wanted:
             continue
         try:
-            service.release(ref, actor=actor, grace=grace)
+            service.release(ref, actor=actor, grace=grace, check_libvirt=check_libvirt)
             released.append(ref)
         except NotFound:
             continue  # released meanwhile
@@ -120,4 +120,5 @@ def libvirt_release(service: Service, domain: str, xml: str, *, grace: float = 0
                     actor: str | None = None) -> dict[str, Any]:
     """After a domain stopped: release the vGPUs vgpumgr recorded for it among the mdevs it names."""
     uuids, _ = _domain_mdevs(xml)
-    return release_vm(service, domain, uuids, grace=grace, actor=actor)
+    # libvirtd is waiting for this hook: asking it which domains hold the device would deadlock
+    return release_vm(service, domain, uuids, grace=grace, actor=actor, check_libvirt=False)

@@ -119,3 +119,26 @@ def test_console_script_runs_and_help_is_fast_to_import(tmp_path: Path) -> None:
            "('lxml', 'libvirt', 'sqlalchemy', 'fastapi', 'pyudev', 'pynvml')))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "[]"  # no heavy import on the CLI start path
+
+
+def test_token_commands(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "t4").root)
+    rc, secret, err = run("--sysfs-root", root, "token", "create", "--name", "pve", "--role", "hook")
+    assert rc == 0, err
+    assert secret.startswith("vgm_")
+    rows = json.loads(run("--sysfs-root", root, "token", "list", "--json")[1])
+    assert [(r["name"], r["role"]) for r in rows] == [("pve", "hook")]
+    assert secret.strip() not in json.dumps(rows)  # never printed again
+    assert run("--sysfs-root", root, "token", "revoke", "pve")[0] == 0
+    assert json.loads(run("--sysfs-root", root, "token", "list", "--json")[1]) == []
+    with pytest.raises(SystemExit) as e:  # argparse refuses an unknown role with exit code 2
+        run("--sysfs-root", root, "token", "create", "--name", "x", "--role", "root")
+    assert e.value.code == 2
+
+
+def test_demo_runs_the_main_job(tmp_path: Path) -> None:
+    rc, out, err = run("demo", "--dir", str(tmp_path / "demo"))
+    assert rc == 0, err + out
+    for marker in ("$ vgpumgr vm create web1 --vgpu T4-4Q", "VM ml1 defined", "no free vWS licence seat",
+                   "restored:", "audit chain intact", "demo finished"):
+        assert marker in out

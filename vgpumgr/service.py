@@ -28,7 +28,7 @@ from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.db.models import Gpu as GpuRow
 from vgpumgr.db.models import LicenceLease, Vm
 from vgpumgr.db.session import session_factory, upgrade
-from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
+from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
 from vgpumgr.inventory import scan
 from vgpumgr.locking import host_lock
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, Inventory
@@ -79,6 +79,7 @@ class Service:
         with self.tx() as s:
             self._host_id = store.upsert_host(s, self.hostname).id
         self._snap_lock = threading.Lock()
+        self._thread_lock = threading.RLock()
 
     # -- plumbing -------------------------------------------------------------------------------
     @contextmanager
@@ -88,8 +89,15 @@ class Service:
 
     @contextmanager
     def locked(self, timeout: float = 30.0) -> Iterator[None]:
-        with host_lock(self.lock_path, timeout=timeout):
-            yield
+        """Threads of this process queue on a lock of their own (no polling); the flock excludes other
+        processes (the CLI next to the service, a second service)."""
+        if not self._thread_lock.acquire(timeout=timeout):
+            raise Busy("another request of this process holds the host lock", hint="retry in a moment")
+        try:
+            with host_lock(self.lock_path, timeout=timeout):
+                yield
+        finally:
+            self._thread_lock.release()
 
     def _db_host(self, s: Session) -> int:
         """This host's row id (made when the service starts)."""
@@ -131,11 +139,10 @@ class Service:
         for p in sorted(parents):
             types += discover_types(self.host, p)
         names = {int(t.type[7:]): t.name for t in types if t.type.startswith("nvidia-")}
-        inv.types = types
-        inv.mdevs = mdev_disc.discover_mdevs(self.host)
-        inv.vf_vgpus = vf_disc.discover_vf_vgpus(self.host, names | {int(v.type[7:]): v.name for v in inv.vf_vgpus
-                                                                     if v.name})
-        return inv
+        names |= {int(v.type[7:]): v.name for v in inv.vf_vgpus if v.name}
+        # a new Inventory: placers of older snapshots may still be reading the old one in other threads
+        return Inventory(gpus=inv.gpus, types=types, mdevs=mdev_disc.discover_mdevs(self.host),
+                         vf_vgpus=vf_disc.discover_vf_vgpus(self.host, names))
 
     def invalidate(self) -> None:
         with self._snap_lock:
@@ -333,7 +340,8 @@ class Service:
             raise NotFound(f"no live vGPU allocation {ref}", hint="`vgpumgr placements` lists them")
         return row
 
-    def release(self, ref: str, *, actor: str | None = None, grace: float = 0.0) -> dict[str, Any]:
+    def release(self, ref: str, *, actor: str | None = None, grace: float = 0.0,
+                check_libvirt: bool = True) -> dict[str, Any]:
         """Destroy the device of a live allocation and release its record and licence seat."""
         with self.locked():
             with self.sessions() as s:
@@ -344,7 +352,8 @@ class Service:
                 gpu, parent = (row.detail or {}).get("gpu"), row.parent
             # A running QEMU holds the device's VFIO group, which the backends see in /proc; libvirt is
             # asked as well only for a vGPU that belongs to a VM (its domain may run under another driver).
-            holders = self._libvirt_holders(skip_vm=None) if vm_name else (lambda kind: None)
+            # (check_libvirt=False from inside a libvirt hook: calling libvirtd back from there can deadlock)
+            holders = self._libvirt_holders(skip_vm=None) if vm_name and check_libvirt else (lambda kind: None)
             try:
                 if backend == BACKEND_MDEV and uuid:
                     mdev_backend.remove(self.host, uuid, grace=grace, holder_check=holders("mdev"))
