@@ -142,3 +142,16 @@ def test_demo_runs_the_main_job(tmp_path: Path) -> None:
     for marker in ("$ vgpumgr vm create web1 --vgpu T4-4Q", "VM ml1 defined", "no free vWS licence seat",
                    "restored:", "audit chain intact", "demo finished"):
         assert marker in out
+
+
+def test_print_xml_is_a_dry_run_without_database_or_libvirt(tmp_path: Path) -> None:
+    host = make(tmp_path, "mixed")
+    root = str(host.root)
+    rc, out, err = run("--sysfs-root", root, "vm", "create", "dry", "--vgpu", "T4-4Q", "--mig", "3g.40gb",
+                       "--passthrough", "0000:00:02.0", "--display", "--print-xml")
+    assert rc == 0, err
+    assert out.count("<hostdev") == 3 and "display=\"on\"" in out and "managed=\"yes\"" in out
+    assert not (host.root / ".vgpumgr-state" / "vgpumgr.db").exists()  # no database was even opened
+    assert json.loads(run("--sysfs-root", root, "mdev", "list", "--json")[1]) == []
+    rc, _, err = run("--sysfs-root", root, "vm", "create", "dry", "--vgpu", "T4-99Q", "--print-xml")
+    assert rc == 3 and "T4-99Q" in err

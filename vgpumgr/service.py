@@ -46,10 +46,43 @@ def hostname() -> str:
 
 
 def ensure_schema(url: str) -> None:
+    """Upgrade the schema once per process, and only load Alembic when the database is behind."""
     with _schema_lock:
         if url not in _schema_ready:
-            upgrade(url)
+            if _stored_revision(url) != _newest_revision():
+                upgrade(url)
             _schema_ready.add(url)
+
+
+def _newest_revision() -> str | None:
+    """The head of the migration chain, read from the files (importing Alembic costs ~100 ms)."""
+    import re
+
+    from vgpumgr.db.session import MIGRATIONS_DIR
+
+    revs, downs = set(), set()
+    for f in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        text = f.read_text()
+        rev = re.search(r'^revision\s*=\s*["\']([^"\']+)', text, re.M)
+        down = re.search(r'^down_revision\s*=\s*["\']([^"\']+)', text, re.M)
+        if rev:
+            revs.add(rev.group(1))
+        if down:
+            downs.add(down.group(1))
+    heads = revs - downs
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _stored_revision(url: str) -> str | None:
+    from sqlalchemy import text
+
+    from vgpumgr.db.session import get_engine
+
+    try:
+        with get_engine(url).connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except Exception:  # noqa: BLE001 - no table yet, or no database: let the upgrade create it
+        return None
 
 
 @dataclass
@@ -479,26 +512,12 @@ class Service:
 
     def _dry_run_hostdevs(self, name: str, vgpus: list[str], passthrough: list[str], mig: list[str],
                           policy: Policy | None, display: bool) -> list[Any]:
-        from vgpumgr.domain import Hostdev
+        from vgpumgr.dryrun import plan_hostdevs
 
-        out = []
-        taken: list[PlacedAlloc] = []
         snap = self.snapshot()
         with self.sessions() as s:
             records = self._live_records(s)
-        for t in vgpus + [self._mig_type_name(p, None) for p in mig]:
-            d = snap.placer.place(records + taken, Request(t, name), policy or Policy())
-            c = d.choice
-            if c is None:
-                raise NoCapacity(f"no GPU can take a {t} vGPU now: {d.summary()}",
-                                 hint="`vgpumgr place --type ... --explain` shows why")
-            ref = ids.new_uuid() if c.backend == BACKEND_MDEV else c.parent
-            taken.append(PlacedAlloc(gpu=c.gpu, parent=c.parent, type=c.type, framebuffer_mb=None, vm=name,
-                                     backend=c.backend, id=ref, name=c.name))
-            out.append(Hostdev("mdev", uuid=ref, display=display and not out) if c.backend == BACKEND_MDEV
-                       else Hostdev("nvidia-vf", address=ref))
-        out += [Hostdev("passthrough", address=a) for a in passthrough]
-        return out
+        return plan_hostdevs(snap.inventory, snap.placer, records, name, vgpus, passthrough, mig, policy, display)
 
     def delete_vm(self, name: str, *, actor: str | None = None) -> dict[str, Any]:
         """Stop and undefine the VM, then release its vGPUs and licence seats."""
@@ -626,18 +645,9 @@ class Service:
 
     # -- MIG-backed vGPU ------------------------------------------------------------------------
     def _mig_type_name(self, profile: str, gpu: str | None) -> str:
-        from vgpumgr.mig import mig_type_for_profile
+        from vgpumgr.dryrun import mig_type_name
 
-        seen: dict[str, Any] = {}
-        for t in self.snapshot().inventory.types:
-            if t.mig_slices and (gpu is None or t.gpu == gpu):
-                seen.setdefault(t.name, t)
-        types = list(seen.values())
-        if not types:
-            raise NotFound(f"no MIG-backed vGPU type for {profile} on this host",
-                           hint="MIG-backed vGPU needs a MIG-enabled GPU with VFs (`vgpumgr gpus`)")
-        t = mig_type_for_profile(types, profile)
-        return t.name if hasattr(t, "name") else str(t)
+        return mig_type_name(self.snapshot().inventory, profile, gpu)[0]
 
     def allocate_mig(self, profile: str, *, vm: str | None = None, policy: Policy | None = None,
                      idempotency_key: str | None = None, actor: str | None = None) -> dict[str, Any]:

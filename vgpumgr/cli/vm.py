@@ -69,6 +69,9 @@ def service(args: argparse.Namespace):  # noqa: ANN201
 
 
 def create(args: argparse.Namespace, out: TextIO) -> int:
+    if args.print_xml:  # a dry run needs neither the database nor libvirt
+        out.write(dry_run(args))
+        return 0
     svc = service(args)
     res = svc.create_vm(args.name, vgpus=args.vgpu, passthrough=args.passthrough, mig=args.mig,
                         memory_mib=args.memory, vcpus=args.vcpus, disk=args.disk, network=args.network,
@@ -85,6 +88,27 @@ def create(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"  {a['type_name'] or a['type']:<24} {a['backend']:<12} {a.get('uuid') or a.get('pci_address')}"
                   f"  on {a['parent']}\n")
     return 0
+
+
+def dry_run(args: argparse.Namespace) -> str:
+    from vgpumgr import ids
+    from vgpumgr.cli.devices import config
+    from vgpumgr.domain import VmSpec, render
+    from vgpumgr.dryrun import plan_hostdevs
+    from vgpumgr.inventory import scan
+    from vgpumgr.nvml_facts import merge_nvml
+    from vgpumgr.placement import Placer
+
+    cfg = config(args)
+    name = ids.vm_name(args.name)
+    spec = VmSpec(name=name, uuid=ids.new_uuid(), memory_mib=args.memory, vcpus=args.vcpus, firmware=args.firmware,
+                  disk=args.disk, network=args.network)
+    inv = scan(cfg.host)
+    if args.mig:
+        merge_nvml(cfg, inv.gpus, quiet=True)
+    spec.hostdevs = plan_hostdevs(inv, Placer(inv), [], name, args.vgpu, args.passthrough, args.mig,
+                                  policy_from(args), args.display)
+    return render(spec)
 
 
 def list_(args: argparse.Namespace, out: TextIO) -> int:
