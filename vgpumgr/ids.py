@@ -6,20 +6,39 @@ Nothing in vgpumgr builds a sysfs path from a string that has not passed through
 from __future__ import annotations
 
 import re
-import uuid as _uuid
 from dataclasses import dataclass
+from functools import cache
 
 from vgpumgr.errors import InvalidInput
 
-_PCI_FULL = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
-_PCI_SHORT = re.compile(r"^([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
-_PCI_NVML = re.compile(r"^([0-9a-fA-F]{8}):([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+class _lazy:
+    """A regex compiled on first use: the CLI's start path should not pay for patterns it never uses."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+
+    @property
+    def _re(self) -> re.Pattern[str]:
+        return _compile(self.pattern)
+
+    def match(self, text: str) -> re.Match[str] | None:
+        return self._re.match(text)
+
+
+@cache
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+_PCI_FULL = _lazy(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
+_PCI_SHORT = _lazy(r"^([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
+_PCI_NVML = _lazy(r"^([0-9a-fA-F]{8}):([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
+_UUID = _lazy(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 # sysfs type directory names: "<driver>-<name>", e.g. nvidia-232, mtty-1, i915-GVTg_V5_4
-_TYPE_DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*-[A-Za-z0-9_]+$")
+_TYPE_DIR = _lazy(r"^[A-Za-z0-9][A-Za-z0-9_]*-[A-Za-z0-9_]+$")
 # virtual mdev parents: class device names such as mtty, mdpy, mbochs
-_VIRTUAL_PARENT = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_VIRTUAL_PARENT = _lazy(r"^[a-z][a-z0-9_]{0,31}$")
+_VM_NAME = _lazy(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
 
 def pci_address(text: str) -> str:
@@ -74,7 +93,9 @@ def mdev_uuid(text: str) -> str:
 
 
 def new_uuid() -> str:
-    return str(_uuid.uuid4())
+    import uuid
+
+    return str(uuid.uuid4())
 
 
 def type_dir(text: str) -> str:
@@ -106,8 +127,8 @@ def vm_name(text: str) -> str:
     return s
 
 
-_TIMESLICED = re.compile(r"^(?P<gpu>[A-Za-z0-9]+(?:-[A-Za-z]+)*)-(?P<gb>0|[1-9][0-9]*)(?P<series>[ABCQ])(?P<b4>4)?$")
-_MIG = re.compile(
+_TIMESLICED = _lazy(r"^(?P<gpu>[A-Za-z0-9]+(?:-[A-Za-z]+)*)-(?P<gb>0|[1-9][0-9]*)(?P<series>[ABCQ])(?P<b4>4)?$")
+_MIG = _lazy(
     r"^(?P<gpu>[A-Za-z0-9]+)-(?P<slices>[1-9])-(?P<gb>0|[1-9][0-9]*)(?P<series>[ABCQ])(?P<attr>ME|NOME|MEALL|GFX)?$"
 )
 

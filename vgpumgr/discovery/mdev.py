@@ -11,8 +11,8 @@ from vgpumgr.discovery.fs import link_name, listdir, read
 from vgpumgr.host import Host
 from vgpumgr.model import BACKEND_MDEV, Mdev, VgpuType
 
-_NVIDIA_DESC = re.compile(r"(\w+)=([^,]+)")
-_KV_LINES = re.compile(r"^\s*([\w ]+?)\s*:\s*(.+?)\s*$", re.M)
+_NVIDIA_DESC = r"(\w+)=([^,]+)"  # compiled on first use (re caches it)
+_KV_LINES = r"(?m)^\s*([\w ]+?)\s*:\s*(.+?)\s*$"
 
 
 def parse_description(text: str) -> dict[str, str]:
@@ -20,9 +20,9 @@ def parse_description(text: str) -> dict[str, str]:
     if not text:
         return {}
     if "=" in text:
-        return {k: v.strip() for k, v in _NVIDIA_DESC.findall(text)}
+        return {k: v.strip() for k, v in re.findall(_NVIDIA_DESC, text)}
     if ":" in text:
-        return dict(_KV_LINES.findall(text))
+        return dict(re.findall(_KV_LINES, text))
     return {}
 
 
