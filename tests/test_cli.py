@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from simhost import make, run
 
 GOLDEN = Path(__file__).parent / "golden" / "cli"
@@ -83,7 +82,8 @@ def test_bad_input_exits_non_zero_with_a_clear_message(tmp_path: Path, argv: lis
 def test_no_capacity_and_busy_exit_codes(tmp_path: Path) -> None:
     root = str(make(tmp_path, "t4").root)
     u = "c0ffee00-0000-4000-8000-00000000000a"
-    assert run("--sysfs-root", root, "mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-16Q", "--uuid", u)[0] == 0
+    rc, _, _ = run("--sysfs-root", root, "mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-16Q", "--uuid", u)
+    assert rc == 0
     rc, _, err = run("--sysfs-root", root, "mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-1Q")
     assert rc == 4 and "no nvidia-230 instances left" in err
     assert run("--sysfs-root", root, "sim", "hold", u)[0] == 0

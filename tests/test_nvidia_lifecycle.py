@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from simhost import make
+
 from vgpumgr.backends import mdev, nvidia_vf, passthrough, sriov
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity, NotFound
 from vgpumgr.inventory import discover_types

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from simhost import make
+
 from vgpumgr.discovery.mdev import discover_mdevs
 from vgpumgr.discovery.pci import discover_gpus
 from vgpumgr.errors import Conflict, InvalidInput
