@@ -124,7 +124,7 @@ def add_pool(session: Session, *, name: str, edition_name: str, seats: int, unit
 def get_pool(session: Session, name: str) -> LicencePool:
     pool = session.scalar(select(LicencePool).where(LicencePool.name == name))
     if pool is None:
-        raise NotFound(f"licence pool '{name}' does not exist", hint="list pools with `vgpumgr licence list`")
+        raise NotFound(f"licence pool '{name}' does not exist", hint="list pools with `vgpumgr license list`")
     return pool
 
 
@@ -152,7 +152,7 @@ def remove_pool(session: Session, name: str) -> None:
                                                      LicenceLease.released_at.is_(None)))
     if held:
         raise Conflict(f"licence pool '{name}' still has {held} seat(s) in use",
-                       hint="remove the vGPUs that hold them first (`vgpumgr licence usage` lists holders)")
+                       hint="remove the vGPUs that hold them first (`vgpumgr license usage` lists holders)")
     for lease in session.scalars(select(LicenceLease).where(LicenceLease.pool_id == pool.id)):
         session.delete(lease)
     session.flush()
@@ -197,7 +197,7 @@ def acquire(session: Session, vm: Vm | None, gpu: Gpu | None, series: str | None
     what = "a passthrough GPU" if series == PASSTHROUGH else f"a {str(series).upper()}-series vGPU"
     message = f"no free {wanted} licence seat for {what} in VM '{vm.name}'"
     if mode == MODE_ENFORCE:
-        raise NoSeat(message, hint="add seats or a pool (`vgpumgr licence add`), free a seat by removing a "
+        raise NoSeat(message, hint="add seats or a pool (`vgpumgr license add`), free a seat by removing a "
                                    "vGPU, or run with licence mode 'warn'",
                      editions=editions, vm=vm.name)
     host = host_name or session.scalar(select(Host.name).where(Host.id == vm.host_id)) or "?"

@@ -71,7 +71,7 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
         run("mdev", "remove", uuid)
 
         say("4. Licences: a vWS pool with 2 seats, enforced")
-        run("licence", "add", "lab-vws", "--edition", "vWS", "--seats", "2")
+        run("license", "add", "lab-vws", "--edition", "vWS", "--seats", "2")
 
         say("5. Where would a T4-4Q go? (nothing changes)")
         run("place", "--type", "T4-4Q", "--vm", "web1", "--explain")
@@ -81,7 +81,7 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
         run("vm", "create", "ml1", "--mig", "1g.10gb", "--vgpu", "L40S-2Q", "--vcpus", "8")
         run("vm", "list")
         run("placements")
-        run("licence", "usage")
+        run("license", "usage")
 
         say("7. A third VM needs a seat that is not there: refused, nothing left half-made")
         run("vm", "create", "web2", "--vgpu", "T4-4Q", expect_fail=True)
@@ -95,7 +95,7 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
         say("9. Delete the VMs: devices removed, seats released")
         run("vm", "delete", "web1")
         run("vm", "delete", "ml1")
-        run("licence", "usage")
+        run("license", "usage")
 
         say("10. The audit trail, and its hash chain verified")
         run("audit")

@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         COMMANDS[path] = target
         return p
 
-    def group(name: str, help: str) -> argparse._SubParsersAction:
-        g = sub.add_parser(name, parents=[common], help=help, description=help)
+    def group(name: str, help: str, aliases: tuple[str, ...] = ()) -> argparse._SubParsersAction:
+        g = sub.add_parser(name, parents=[common], help=help, description=help, aliases=list(aliases))
         g.set_defaults(_group=g)
         return g.add_subparsers(dest=f"{name}_command", metavar="ACTION")
 

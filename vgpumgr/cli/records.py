@@ -38,18 +38,18 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--all", action="store_true", help="include released allocations")
     p.add_argument("--json", action="store_true")
 
-    lic = group("licence", "NVIDIA vGPU licence pools and seats")
-    p = cmd(lic, ("licence", "add"), "vgpumgr.cli.records:licence_add", "add a licence pool")
+    lic = group("license", "NVIDIA vGPU licence pools and seats (also spelt `licence`)", aliases=("licence",))
+    p = cmd(lic, ("license", "add"), "vgpumgr.cli.records:licence_add", "add a licence pool")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--edition", required=True, help="vApps, vPC, vCS or vWS")
     p.add_argument("--seats", required=True, type=int)
     p.add_argument("--unit", choices=("vm", "gpu"), default="vm", help="a seat per VM or per physical GPU")
     p.add_argument("--expires", metavar="YYYY-MM-DD")
-    p = cmd(lic, ("licence", "list"), "vgpumgr.cli.records:licence_list", "list pools")
+    p = cmd(lic, ("license", "list"), "vgpumgr.cli.records:licence_list", "list pools")
     p.add_argument("--json", action="store_true")
-    p = cmd(lic, ("licence", "usage"), "vgpumgr.cli.records:licence_usage", "seats used and free, and who holds them")
+    p = cmd(lic, ("license", "usage"), "vgpumgr.cli.records:licence_usage", "seats used and free, and who holds them")
     p.add_argument("--json", action="store_true")
-    p = cmd(lic, ("licence", "remove"), "vgpumgr.cli.records:licence_remove", "remove a pool with no seats in use")
+    p = cmd(lic, ("license", "remove"), "vgpumgr.cli.records:licence_remove", "remove a pool with no seats in use")
     p.add_argument("name", metavar="NAME")
 
     p = cmd(sub, ("audit",), "vgpumgr.cli.records:audit_list", "the audit trail (append-only, hash-chained)")
@@ -179,7 +179,7 @@ def licence_list(args: argparse.Namespace, out: TextIO) -> int:
         table(out, ["POOL", "EDITION", "UNIT", "SEATS", "USED", "FREE", "EXPIRES"],
               [[p.name, p.edition, p.unit, p.seats, p.used, p.free,
                 (p.expires.isoformat() if p.expires else "-") + (" (expired)" if p.expired else "")] for p in pools],
-              empty="no licence pools (add one with `vgpumgr licence add`)")
+              empty="no licence pools (add one with `vgpumgr license add`)")
     return 0
 
 

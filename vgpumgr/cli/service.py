@@ -16,7 +16,7 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     tok = group("token", "bearer tokens for the REST service")
     p = cmd(tok, ("token", "create"), "vgpumgr.cli.service:token_create", "create a token (printed once)")
-    p.add_argument("--name", required=True)
+    p.add_argument("--name", help="who uses it (shown as the audit actor `token:NAME`; default ROLE-xxxxxx)")
     p.add_argument("--role", required=True, choices=("admin", "operator", "hook", "auditor"))
     p = cmd(tok, ("token", "list"), "vgpumgr.cli.service:token_list", "list tokens (never their secrets)")
     p.add_argument("--all", action="store_true", help="include revoked tokens")
@@ -41,7 +41,10 @@ def serve(args: argparse.Namespace, out: TextIO) -> int:
 def token_create(args: argparse.Namespace, out: TextIO) -> int:
     from api.tokens import create_token
 
-    secret = create_token(_cfg(args), args.name, args.role)
+    import secrets
+
+    name = args.name or f"{args.role}-{secrets.token_hex(3)}"
+    secret = create_token(_cfg(args), name, args.role)
     out.write(f"{secret}\n")
     return 0
 
