@@ -39,9 +39,9 @@ def serve(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def token_create(args: argparse.Namespace, out: TextIO) -> int:
-    from api.tokens import create_token
-
     import secrets
+
+    from api.tokens import create_token
 
     name = args.name or f"{args.role}-{secrets.token_hex(3)}"
     secret = create_token(_cfg(args), name, args.role)
