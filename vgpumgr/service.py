@@ -549,28 +549,21 @@ class Service:
     def start_vm(self, name: str, *, actor: str | None = None) -> dict[str, Any]:
         name = ids.vm_name(name)
         self._ensure_devices(name, actor)
-        virt = self.virt()
-        try:
-            virt.start(name)
-        except VgpuError as e:
-            self.record_failure(audit.VM_START, e, actor=actor, vm=name)
-            raise
-        with self.tx() as s:
-            store.upsert_vm(s, self._db_host(s), name, state="running")
-            self.event(s, audit.VM_START, actor=actor, vm=name)
-        return self.vm(name)
+        return self._power(name, audit.VM_START, "running", lambda v: v.start(name), actor)
 
     def stop_vm(self, name: str, *, actor: str | None = None, force: bool = True) -> dict[str, Any]:
         name = ids.vm_name(name)
-        virt = self.virt()
+        return self._power(name, audit.VM_STOP, "shut off", lambda v: v.stop(name, force=force), actor)
+
+    def _power(self, name: str, action: str, state: str, op: Any, actor: str | None) -> dict[str, Any]:
         try:
-            virt.stop(name, force=force)
+            op(self.virt())
         except VgpuError as e:
-            self.record_failure(audit.VM_STOP, e, actor=actor, vm=name)
+            self.record_failure(action, e, actor=actor, vm=name)
             raise
         with self.tx() as s:
-            store.upsert_vm(s, self._db_host(s), name, state="shut off")
-            self.event(s, audit.VM_STOP, actor=actor, vm=name)
+            store.upsert_vm(s, self._db_host(s), name, state=state)
+            self.event(s, action, actor=actor, vm=name)
         return self.vm(name)
 
     def _ensure_devices(self, name: str, actor: str | None) -> list[str]:
