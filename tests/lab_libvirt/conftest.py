@@ -22,8 +22,27 @@ MTTY_TYPES = Path("/sys/class/mdev_bus/mtty/mdev_supported_types")
 MDEV_DEVICES = Path("/sys/bus/mdev/devices")
 
 
+def _in_libvirt_guest() -> bool:
+    return os.environ.get("MDEVLAB_GUEST") == "1" and os.environ.get("MDEVLAB_LIBVIRTD") == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # libvirtd probes QEMU's capabilities on first use (~5 s under TCG, the guest's cache starts empty):
+    # let it do that while the tests import vgpumgr, not during the first domain start.
+    if _in_libvirt_guest():
+        config._libvirt_warmup = subprocess.Popen(  # type: ignore[attr-defined]
+            ["virsh", "-c", LIBVIRT_URI, "domcapabilities", "--virttype", "kvm"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    warmup = getattr(config, "_libvirt_warmup", None)
+    if warmup is not None:
+        warmup.wait(timeout=60)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("MDEVLAB_GUEST") == "1" and os.environ.get("MDEVLAB_LIBVIRTD") == "1":
+    if _in_libvirt_guest():
         return
     skip = pytest.mark.skip(reason="needs the mdev lab guest with libvirtd (scripts/mdev-lab run --libvirt)")
     here = Path(__file__).parent
@@ -86,3 +105,25 @@ def domain_cleanup(virt_conn: object) -> Iterator[list[str]]:
         if dom.isActive():
             dom.destroy()
         dom.undefine()
+
+
+@pytest.fixture
+def vm_cleanup(virt_conn: object) -> Iterator[list[str]]:
+    """Append a domain name; afterwards it is destroyed and undefined, and then every mdev that appeared
+    during the test is removed (in that order: removing an mdev a running VM holds blocks the writer)."""
+    import libvirt
+
+    before = set(os.listdir(MDEV_DEVICES)) if MDEV_DEVICES.is_dir() else set()
+    names: list[str] = []
+    yield names
+    for name in names:
+        try:
+            dom = virt_conn.lookupByName(name)  # type: ignore[attr-defined]
+        except libvirt.libvirtError:
+            continue
+        if dom.isActive():
+            dom.destroy()
+        dom.undefine()
+    for uid in set(os.listdir(MDEV_DEVICES)) - before:
+        with contextlib.suppress(FileNotFoundError):
+            _sysfs_write(MDEV_DEVICES / uid / "remove", "1")
