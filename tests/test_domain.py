@@ -269,3 +269,14 @@ def test_xml_props_map_to_paths() -> None:
     assert m.display is True and m.element.get("display") == "on"
     m.display = None
     assert "display" not in m.element.attrib
+
+
+def test_qemu_domain_type_for_hosts_without_kvm() -> None:
+    render = domain.render
+    xml = render(VmSpec(name="tcg", uuid="00000000-0000-4000-8000-000000000001", domain_type="qemu",
+                        hostdevs=[Hostdev("mdev", uuid="00000000-0000-4000-8000-000000000002")]))
+    assert '<domain type="qemu">' in xml and "<cpu" not in xml
+    kvm = render(VmSpec(name="hw", hostdevs=[Hostdev("mdev", uuid="00000000-0000-4000-8000-000000000002")]))
+    assert '<domain type="kvm">' in kvm and 'mode="host-passthrough"' in kvm
+    with pytest.raises(InvalidInput, match="not a domain type"):
+        render(VmSpec(name="x", domain_type="xen"))

@@ -16,6 +16,7 @@ class Config:
     db_url: str
     libvirt_uri: str
     actor: str
+    domain_type: str = "kvm"
 
     @classmethod
     def resolve(cls, sysfs_root: str | None = None, state_dir: str | None = None, db: str | None = None,
@@ -34,7 +35,8 @@ class Config:
         uri = connect or os.environ.get("VGPUMGR_LIBVIRT_URI") or (
             "test:///default" if host.simulated else "qemu:///system")
         who = actor or os.environ.get("VGPUMGR_ACTOR") or _login()
-        return cls(host=host, state_dir=state, db_url=url, libvirt_uri=uri, actor=who)
+        return cls(host=host, state_dir=state, db_url=url, libvirt_uri=uri, actor=who,
+                   domain_type=os.environ.get("VGPUMGR_DOMAIN_TYPE", "kvm"))
 
 
 def _login() -> str:

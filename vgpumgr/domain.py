@@ -30,6 +30,7 @@ TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "xml_templates"
 DOMAIN_RNG = Path(os.environ.get("VGPUMGR_DOMAIN_RNG", "/usr/share/libvirt/schemas/domain.rng"))
 
 HOSTDEV_KINDS = ("passthrough", "mdev", "nvidia-vf")
+DOMAIN_TYPES = ("kvm", "qemu")
 FIRMWARES = ("bios", "uefi")
 MDEV_MODELS = ("vfio-pci", "vfio-ccw", "vfio-ap")
 _NETWORK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -61,6 +62,9 @@ class VmSpec:
     network: str | None = None  # "default" (libvirt network), "network:NAME" or "bridge:br0"
     hostdevs: list[Hostdev] = field(default_factory=list)
     allocations: list[dict[str, Any]] = field(default_factory=list)
+    # "kvm" (hardware virtualisation, the CPU passed through) or "qemu" (software emulation, QEMU's default
+    # CPU model): a nested or PVM host without usable KVM can only run the latter
+    domain_type: str = "kvm"
 
 
 # -- templates and XML-backed device classes -------------------------------------------------------------
@@ -352,6 +356,9 @@ def _checked_spec(spec: VmSpec) -> VmSpec:
         raise InvalidInput(f"'{spec.firmware}' is not a firmware", hint="use bios or uefi")
     if not isinstance(spec.allocations, list):
         raise InvalidInput("allocations must be a list of records", hint="pass a list of dicts")
+    if spec.domain_type not in DOMAIN_TYPES:
+        raise InvalidInput(f"'{spec.domain_type}' is not a domain type",
+                           hint="use kvm (hardware virtualisation) or qemu (software emulation)")
     return VmSpec(
         name=ids.vm_name(spec.name),
         uuid=ids.mdev_uuid(spec.uuid) if spec.uuid is not None else ids.new_uuid(),
@@ -362,6 +369,7 @@ def _checked_spec(spec: VmSpec) -> VmSpec:
         network=spec.network,
         hostdevs=hostdevs,
         allocations=spec.allocations,
+        domain_type=spec.domain_type,
     )
 
 
@@ -391,6 +399,10 @@ def build(spec: VmSpec) -> Domain:
     dom = Domain()
     dom.name, dom.uuid, dom.memory_mib, dom.vcpus = s.name, s.uuid, s.memory_mib, s.vcpus
     dom.firmware = "efi" if s.firmware == "uefi" else None
+    if s.domain_type == "qemu":
+        dom.element.set("type", "qemu")
+        cpu = dom.element.find("cpu")
+        dom.element.remove(cpu)  # host-passthrough needs KVM; TCG uses QEMU's default CPU model
     dom.set_allocations(s.allocations)
     if s.disk is not None:
         disk = Disk()

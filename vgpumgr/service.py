@@ -448,7 +448,7 @@ class Service:
                                hint="give --vgpu TYPE, --passthrough BDF or --mig PROFILE")
         vm_uuid = ids.new_uuid()
         spec = VmSpec(name=name, uuid=vm_uuid, memory_mib=memory_mib, vcpus=vcpus, firmware=firmware, disk=disk,
-                      network=network)
+                      network=network, domain_type=self.cfg.domain_type)
         render(spec)  # bad memory, disk path or network is refused before anything is allocated
         if print_xml:
             spec.hostdevs = self._dry_run_hostdevs(name, vgpus, passthrough, mig, policy, display)

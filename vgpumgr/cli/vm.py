@@ -102,7 +102,7 @@ def dry_run(args: argparse.Namespace) -> str:
     cfg = config(args)
     name = ids.vm_name(args.name)
     spec = VmSpec(name=name, uuid=ids.new_uuid(), memory_mib=args.memory, vcpus=args.vcpus, firmware=args.firmware,
-                  disk=args.disk, network=args.network)
+                  disk=args.disk, network=args.network, domain_type=cfg.domain_type)
     inv = scan(cfg.host)
     if args.mig:
         merge_nvml(cfg, inv.gpus, quiet=True)
