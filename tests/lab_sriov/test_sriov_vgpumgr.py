@@ -103,6 +103,6 @@ def test_without_a_pf_driver_the_kernel_checks_the_range_first_and_the_driver_la
     no_driver = kernel_error(nvme_pf, "2")
     assert isinstance(no_driver, NotFound)
     assert no_driver.detail["errno"] == "ENOENT"
-    with pytest.raises(NotFound):
+    with pytest.raises(InvalidInput, match="no driver is bound"):  # said before any write
         sriov.set_numvfs(HOST, nvme_pf, 2)
     assert virtfns(nvme_pf) == []

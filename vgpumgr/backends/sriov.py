@@ -47,6 +47,9 @@ def set_numvfs(host: Host, pf: str, count: int, *, allow_nvidia: bool = False, t
     current = read_int(f"{d}/sriov_numvfs", 0) or 0
     if current == count:
         return vfs(host, pf)
+    if not (d / "driver").is_symlink():
+        raise InvalidInput(f"no driver is bound to {pf}",
+                           hint="sriov_numvfs needs the PF's own driver (it implements sriov_configure); bind it first")
     if current:
         busy = [r for r in (_vf_in_use(host, v) for v in vfs(host, pf)) if r]
         if busy:

@@ -28,6 +28,29 @@ def _err(code: int, what: str) -> OSError:
     return OSError(code, os.strerror(code), what)
 
 
+def kstrto(data: str, what: str, *, base: int = 0, bits: int = 64, signed: bool = False) -> int:
+    """The kernel's kstrto*() parse: an optional sign, base-0 prefixes (0x hex, 0 octal), one trailing
+    newline and nothing else (no spaces, no underscores); EINVAL otherwise and when the value does not fit."""
+    body = data[:-1] if data.endswith("\n") else data
+    sign = -1 if signed and body.startswith("-") else 1
+    digits = body[1:] if body[:1] in ("+", "-") and (signed or body[:1] == "+") else body
+    if base == 10:
+        ok, radix = re.fullmatch(r"[0-9]+", digits), 10
+    elif re.fullmatch(r"0[xX][0-9a-fA-F]+", digits):
+        ok, radix, digits = True, 16, digits[2:]
+    elif digits.startswith("0"):
+        ok, radix = re.fullmatch(r"0[0-7]*", digits), 8
+    else:
+        ok, radix = re.fullmatch(r"[1-9][0-9]*", digits), 10
+    if not ok:
+        raise _err(errno.EINVAL, what)
+    value = sign * int(digits, radix)
+    limit = 1 << (bits - 1 if signed else bits)
+    if not (-limit if signed else 0) <= value < limit:
+        raise _err(errno.EINVAL, what)
+    return value
+
+
 class KernelEmulator:
     def __init__(self, host) -> None:  # noqa: ANN001 - vgpumgr.host.Host (import cycle)
         self.root = Path(host.root)
@@ -83,10 +106,9 @@ class KernelEmulator:
         self._refresh_parent(tree, pdir)
 
     def _remove_mdev(self, tree: SimTree, mdir: Path, data: str) -> None:
-        try:
-            value = int(data.strip(), 0)
-        except ValueError:
-            raise _err(errno.EINVAL, "remove") from None
+        if data == "":
+            return  # a 0-byte write never reaches remove_store
+        value = kstrto(data, "remove")
         if value == 0:
             return
         group = os.path.basename(os.readlink(mdir / "iommu_group"))
@@ -110,18 +132,18 @@ class KernelEmulator:
 
     # -- SR-IOV ---------------------------------------------------------------------------------
     def _sriov_numvfs(self, tree: SimTree, pfdir: Path, data: str) -> None:
-        try:
-            n = int(data.strip(), 0)
-        except ValueError:
-            raise _err(errno.EINVAL, "sriov_numvfs") from None
+        # the kernel's order (drivers/pci/iov.c, as measured in the lab): parse, range, no-op, driver, busy
+        if data == "":
+            return  # a 0-byte write never reaches sriov_numvfs_store
+        n = kstrto(data, "sriov_numvfs", bits=16)
         total = int((pfdir / "sriov_totalvfs").read_text())
         current = int((pfdir / "sriov_numvfs").read_text())
-        if not (pfdir / "driver").is_symlink():
-            raise _err(errno.ENOENT, "sriov_numvfs (no driver bound to the PF)")
-        if n == current:
-            return
         if n > total:
             raise _err(errno.ERANGE, "sriov_numvfs")
+        if n == current:
+            return
+        if not (pfdir / "driver").is_symlink():
+            raise _err(errno.ENOENT, "sriov_numvfs (no driver bound to the PF)")
         if n and current:
             raise _err(errno.EBUSY, "sriov_numvfs")
         if n == 0:
@@ -133,10 +155,7 @@ class KernelEmulator:
 
     # -- NVIDIA vendor-specific VF --------------------------------------------------------------
     def _current_vgpu_type(self, tree: SimTree, vfdir: Path, data: str) -> None:
-        try:
-            value = int(data.strip(), 10)
-        except ValueError:
-            raise _err(errno.EINVAL, "current_vgpu_type") from None
+        value = kstrto(data, "current_vgpu_type", base=10, signed=True)
         cur_file = vfdir / "nvidia/current_vgpu_type"
         current = int(cur_file.read_text())
         if value == 0:
@@ -223,7 +242,8 @@ def reboot(root: Path) -> dict[str, int]:
             tree.remove_mdev(link.resolve())
             mdevs += 1
         vfs = 0
-        for dev in sorted((tree.sys / "bus/pci/devices").iterdir()):
+        pci = tree.sys / "bus/pci/devices"
+        for dev in sorted(pci.iterdir()) if pci.is_dir() else []:
             cur = dev / "nvidia/current_vgpu_type"
             if cur.exists() and cur.read_text().strip() != "0":
                 write(cur.resolve(), "0\n")
