@@ -155,3 +155,16 @@ def test_print_xml_is_a_dry_run_without_database_or_libvirt(tmp_path: Path) -> N
     assert json.loads(run("--sysfs-root", root, "mdev", "list", "--json")[1]) == []
     rc, _, err = run("--sysfs-root", root, "vm", "create", "dry", "--vgpu", "T4-99Q", "--print-xml")
     assert rc == 3 and "T4-99Q" in err
+
+
+@pytest.mark.parametrize("profile", ["mixed", "a40-sriov", "samples"])
+def test_types_json_fast_path_matches_the_discovered_objects(tmp_path: Path, profile: str) -> None:
+    from vgpumgr.inventory import discover_types
+
+    host = make(tmp_path, profile)
+    for attempt in range(2):  # the first run fills the type cache, the second reads it
+        fast = json.loads(run("--sysfs-root", str(host.root), "types", "--json")[1])
+        slow = [t.to_json() for t in discover_types(host)]
+        key = lambda d: (d["parent"], d["type"])  # noqa: E731
+        assert sorted(fast, key=key) == sorted(slow, key=key), attempt
+    assert (host.root / ".vgpumgr-state" / "cache" / "mdev-types.json").exists()

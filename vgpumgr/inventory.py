@@ -14,6 +14,16 @@ def discover_types(host: Host, parent: str | None = None, cache_path: str | None
     return mdev_disc.discover_types(host, parent, cache) + nvidia_vf.discover_types(host, parent)
 
 
+def types_json(host: Host, parent: str | None = None, cache_path: str | None = None,
+               available_only: bool = False) -> list[str]:
+    """Encoded JSON objects of every type (mdev fast path + the few vendor-VF ones), as `types --json` prints."""
+    import json
+
+    cache = mdev_disc.TypeCache(cache_path)
+    vf = [t for t in nvidia_vf.discover_types(host, parent) if t.available_instances or not available_only]
+    return mdev_disc.types_json(host, parent, cache, available_only) + [json.dumps(t.to_json()) for t in vf]
+
+
 def scan(host: Host, known_type_names: dict[int, str] | None = None) -> Inventory:
     types = discover_types(host)
     names = dict(known_type_names or {})

@@ -80,7 +80,7 @@ class VgpuType:
     def to_json(self) -> dict[str, Any]:
         return {"parent": self.parent, "type": self.type, "name": self.name, "description": self.description,
                 "device_api": self.device_api, "available_instances": self.available_instances,
-                "backend": self.backend, "params": dict(self.params), "gpu": self.gpu,
+                "backend": self.backend, "gpu": self.gpu,
                 "framebuffer_mb": self.framebuffer_mb, "max_instance": self.max_instance, "series": self.series,
                 "mig_slices": self.mig_slices}
 

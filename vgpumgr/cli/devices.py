@@ -66,19 +66,22 @@ def resolve_type(types: list[VgpuType], wanted: str, parent: str | None = None) 
 
 
 def types(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.inventory import discover_types
+    from vgpumgr.inventory import discover_types, types_json
 
     cfg = config(args)
     parent = ids.parent_name(args.parent) if args.parent else None
-    found = discover_types(cfg.host, parent, cache_path=str(cfg.state_dir / "cache" / "mdev-types.json"))
-    if parent and not found and not cfg.host.parent(parent).exists() and not (
-            ids.is_pci_address(parent) and cfg.host.pci(parent).exists()):
-        raise NotFound(f"no mdev parent or vGPU VF {parent}", hint="`vgpumgr types` lists all parents")
+    cache = str(cfg.state_dir / "cache" / "mdev-types.json")
+    if args.json:
+        found_json = types_json(cfg.host, parent, cache_path=cache, available_only=args.available)
+        if parent and not found_json:
+            _check_parent(cfg, parent)
+        out.write("[\n" + ",\n".join("  " + o for o in found_json) + ("\n]\n" if found_json else "]\n"))
+        return 0
+    found = discover_types(cfg.host, parent, cache_path=cache)
+    if parent and not found:
+        _check_parent(cfg, parent)
     if args.available:
         found = [t for t in found if t.available_instances > 0]
-    if args.json:
-        dump_json(out, [t.to_json() for t in found])
-        return 0
     _note_simulated(cfg)
     rows = [[t.parent, t.type, t.name or "-", t.backend, t.available_instances,
              f"{t.framebuffer_mb}M" if t.framebuffer_mb else "-", t.max_instance, t.description or "-"]
@@ -86,6 +89,11 @@ def types(args: argparse.Namespace, out: TextIO) -> int:
     table(out, ["PARENT", "TYPE", "NAME", "BACKEND", "AVAIL", "FB", "MAX", "DESCRIPTION"], rows,
           empty="no vGPU types found")
     return 0
+
+
+def _check_parent(cfg: Config, parent: str) -> None:
+    if not cfg.host.parent(parent).exists() and not (ids.is_pci_address(parent) and cfg.host.pci(parent).exists()):
+        raise NotFound(f"no mdev parent or vGPU VF {parent}", hint="`vgpumgr types` lists all parents")
 
 
 def mdev_list(args: argparse.Namespace, out: TextIO) -> int:

@@ -27,7 +27,32 @@ def _common() -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+# commands registered by modules outside this file, so that only the one a user runs is imported
+EXTRA_MODULES = {
+    "vgpumgr.cli.records": ("place", "vgpu", "release", "placements", "license", "licence", "audit", "reconcile",
+                            "db", "mig", "scheduler"),
+    "vgpumgr.cli.vm": ("vm",),
+    "vgpumgr.cli.service": ("serve", "token"),
+}
+_VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The top-level command in argv (skipping global options and their values), if any."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _VALUE_OPTIONS:
+            skip = True
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; with `only`, just that top-level command is built (argparse is slow to build
+    sixty sub-parsers, and `vgpumgr types` should start fast)."""
     common = _common()
     parser = argparse.ArgumentParser(
         prog="vgpumgr", parents=[common],
@@ -36,12 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     def cmd(parent: argparse._SubParsersAction, path: tuple[str, ...], target: str, help: str,
             ) -> argparse.ArgumentParser:
+        COMMANDS[path] = target
+        if only is not None and path[0] != only and (only != "licence" or path[0] != "license"):
+            return argparse.ArgumentParser(add_help=False)  # not asked for: a throwaway
         p = parent.add_parser(path[-1], parents=[common], help=help, description=help)
         p.set_defaults(_target=target)
-        COMMANDS[path] = target
         return p
 
     def group(name: str, help: str, aliases: tuple[str, ...] = ()) -> argparse._SubParsersAction:
+        if only is not None and only != name and only not in aliases:
+            return argparse.ArgumentParser(add_help=False).add_subparsers()
         g = sub.add_parser(name, parents=[common], help=help, description=help, aliases=list(aliases))
         g.set_defaults(_group=g)
         return g.add_subparsers(dest=f"{name}_command", metavar="ACTION")
@@ -110,21 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", metavar="DIR", help="where to build the simulated host (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the simulated host afterwards")
 
-    for extra in ("vgpumgr.cli.records", "vgpumgr.cli.vm", "vgpumgr.cli.service"):
-        try:
-            mod = importlib.import_module(extra)
-        except ModuleNotFoundError as e:
-            if e.name != extra:
-                raise
-            continue
-        mod.register(sub, cmd, group)
+    for extra, names in EXTRA_MODULES.items():
+        if only is None or only in names:
+            importlib.import_module(extra).register(sub, cmd, group)
     return parser
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    word = _command_word(argv)
+    known = {"gpus", "types", "mdev", "vf", "sriov", "vfio", "sim", "demo"} | {
+        n for names in EXTRA_MODULES.values() for n in names}
+    parser = build_parser(word if word in known else None)
     args = parser.parse_args(argv)
     target = getattr(args, "_target", None)
     if target is None:

@@ -54,6 +54,9 @@ def physical_gpu(host: Host, parent: str) -> str | None:
     return link_name(f"{host.mdev_bus}/{parent}/physfn") or parent
 
 
+CACHE_VERSION = 3
+
+
 class TypeCache:
     """Static facts of mdev types (name, description, device_api) keyed by the identity of each parent's
     `mdev_supported_types` directory, so a repeated scan re-reads only `available_instances`.
@@ -71,12 +74,21 @@ class TypeCache:
             except (OSError, ValueError):
                 self.data = {}
 
-    def get(self, parent: str, key: list[int]) -> dict[str, list[str]] | None:
-        entry = self.data.get(parent)
-        return entry["types"] if entry and entry.get("key") == key else None
+    def get(self, parent: str, key: list[int]) -> dict[str, list] | None:
+        entry = self.data.get("parents", {}).get(parent)
+        if not entry or entry.get("key") != key or self.data.get("v") != CACHE_VERSION:
+            return None
+        return self.data["sets"].get(entry["set"])
 
-    def put(self, parent: str, key: list[int], types: dict[str, list[str]]) -> None:
-        self.data[parent] = {"key": key, "types": types}
+    def put(self, parent: str, key: list[int], types: dict[str, list]) -> None:
+        """Parents of one GPU model offer identical types: each distinct set is stored once."""
+        import hashlib
+
+        if self.data.get("v") != CACHE_VERSION:
+            self.data = {"v": CACHE_VERSION, "parents": {}, "sets": {}}
+        sig = hashlib.sha1(json.dumps(types, sort_keys=True).encode()).hexdigest()
+        self.data["sets"].setdefault(sig, types)
+        self.data["parents"][parent] = {"key": key, "set": sig}
         self.dirty = True
 
     def save(self) -> None:
@@ -92,35 +104,70 @@ class TypeCache:
             pass  # a read-only state dir only costs speed
 
 
+STATIC_FIELDS = ("name", "description", "device_api", "backend", "framebuffer_mb", "max_instance", "series",
+                 "mig_slices")
+
+
+def _static_types(host: Host, p: str, base: str, cache: TypeCache) -> dict[str, list] | None:
+    """Per type dir: [name, description, device_api, params, framebuffer_mb, max_instance, series, mig_slices,
+    the same fields pre-encoded as a JSON fragment]; read once per parent and cached."""
+    try:
+        st = os.stat(base)
+    except OSError:
+        return None
+    key = [st.st_ino, st.st_ctime_ns]
+    static = cache.get(p, key)
+    if static is None:
+        static = {}
+        for tdir in listdir(base):
+            d = f"{base}/{tdir}"
+            name, desc = read(f"{d}/name", "") or "", read(f"{d}/description", "") or ""
+            t = enrich(VgpuType(parent=p, type=tdir, name=name, description=desc.replace("\n", ", "),
+                                device_api=read(f"{d}/device_api", "") or "", available_instances=0,
+                                backend=BACKEND_MDEV, params=parse_description(desc)))
+            fragment = json.dumps({k: getattr(t, k) for k in STATIC_FIELDS})[1:-1]
+            static[tdir] = [t.name, t.description, t.device_api, t.params, t.framebuffer_mb, t.max_instance,
+                            t.series, t.mig_slices, fragment]
+        cache.put(p, key, static)
+    return static
+
+
 def discover_types(host: Host, parent: str | None = None, cache: TypeCache | None = None) -> list[VgpuType]:
     out: list[VgpuType] = []
     cache = cache or TypeCache(None)
     for p in [ids.parent_name(parent)] if parent else parents(host):
         base = f"{host.mdev_bus}/{p}/mdev_supported_types"
-        try:
-            st = os.stat(base)
-        except OSError:
-            continue
-        key = [st.st_ino, st.st_ctime_ns]
-        static = cache.get(p, key)
+        static = _static_types(host, p, base, cache)
         if static is None:
-            static = {}
-            for tdir in listdir(base):
-                d = f"{base}/{tdir}"
-                name, desc = read(f"{d}/name", "") or "", read(f"{d}/description", "") or ""
-                t = enrich(VgpuType(parent=p, type=tdir, name=name, description=desc.replace("\n", ", "),
-                                    device_api=read(f"{d}/device_api", "") or "", available_instances=0,
-                                    backend=BACKEND_MDEV, params=parse_description(desc)))
-                static[tdir] = [t.name, t.description, t.device_api, t.params, t.framebuffer_mb, t.max_instance,
-                                t.series, t.mig_slices]
-            cache.put(p, key, static)
+            continue
         gpu = physical_gpu(host, p)
-        for tdir, (name, desc, api, params, fb, maxi, series, slices) in static.items():
+        for tdir, (name, desc, api, params, fb, maxi, series, slices, _) in static.items():
             avail = read(f"{base}/{tdir}/available_instances", "0") or "0"
             out.append(VgpuType(parent=p, type=tdir, name=name, description=desc, device_api=api,
                                 available_instances=int(avail) if avail.isdigit() else 0, backend=BACKEND_MDEV,
                                 params=dict(params), gpu=gpu, framebuffer_mb=fb, max_instance=maxi, series=series,
                                 mig_slices=slices))
+    cache.save()
+    return out
+
+
+def types_json(host: Host, parent: str | None = None, cache: TypeCache | None = None,
+               available_only: bool = False) -> list[str]:
+    """`VgpuType.to_json()` of every mdev type, already encoded: the fast path of `vgpumgr types --json`
+    (a host with 128 parents has thousands of types; only `available_instances` is read per call)."""
+    out: list[str] = []
+    cache = cache or TypeCache(None)
+    for p in [ids.parent_name(parent)] if parent else parents(host):
+        base = f"{host.mdev_bus}/{p}/mdev_supported_types"
+        static = _static_types(host, p, base, cache)
+        if static is None:
+            continue
+        head = f'{{"parent": {json.dumps(p)}, "gpu": {json.dumps(physical_gpu(host, p))}, "type": '
+        for tdir, entry in static.items():
+            avail = read(f"{base}/{tdir}/available_instances", "0") or "0"
+            n = int(avail) if avail.isdigit() else 0
+            if n or not available_only:
+                out.append(f'{head}{json.dumps(tdir)}, "available_instances": {n}, {entry[8]}}}')
     cache.save()
     return out
 
