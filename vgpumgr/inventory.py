@@ -9,8 +9,9 @@ from vgpumgr.host import Host
 from vgpumgr.model import Inventory, VgpuType
 
 
-def discover_types(host: Host, parent: str | None = None, cache_path: str | None = None) -> list[VgpuType]:
-    cache = mdev_disc.TypeCache(cache_path)
+def discover_types(host: Host, parent: str | None = None, cache_path: str | None = None,
+                   cache: mdev_disc.TypeCache | None = None) -> list[VgpuType]:
+    cache = cache or mdev_disc.TypeCache(cache_path)
     return mdev_disc.discover_types(host, parent, cache) + nvidia_vf.discover_types(host, parent)
 
 

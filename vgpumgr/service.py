@@ -109,6 +109,9 @@ class Service:
         self._dirty_gpus: set[str | None] = set()
         self._host_id: int | None = None
         self._gpu_ids: dict[str, int] = {}
+        from vgpumgr.discovery.mdev import TypeCache
+
+        self._type_cache = TypeCache(None)  # static type facts, kept in memory for the service's life
         with self.tx() as s:
             self._host_id = store.upsert_host(s, self.hostname).id
         self._snap_lock = threading.Lock()
@@ -170,7 +173,7 @@ class Service:
         parents = {t.parent for t in inv.types if t.gpu in gpus or (t.gpu is None and t.parent in gpus)}
         types = [t for t in inv.types if t.parent not in parents]
         for p in sorted(parents):
-            types += discover_types(self.host, p)
+            types += discover_types(self.host, p, cache=self._type_cache)
         names = {int(t.type[7:]): t.name for t in types if t.type.startswith("nvidia-")}
         names |= {int(v.type[7:]): v.name for v in inv.vf_vgpus if v.name}
         # a new Inventory: placers of older snapshots may still be reading the old one in other threads
@@ -287,9 +290,12 @@ class Service:
                                                                 free_gpu_instances=free_gpu_instances)
         return decision
 
-    def _gpu_row(self, s: Session, address: str, model: str) -> GpuRow:
-        """The GPU's row (upserted once per service; later a primary-key lookup)."""
+    def _gpu_row(self, s: Session, address: str, model: str) -> Any:
+        """The GPU's row (upserted once per service; later a primary-key lookup, or just its id when licences
+        are off)."""
         key = self._gpu_ids.get(address)
+        if key is not None and self.licence_mode == licensing.MODE_OFF:
+            return key
         row = s.get(GpuRow, key) if key is not None else None
         if row is None:
             row = store.upsert_gpu(s, self._db_host(s), address, model=model)
