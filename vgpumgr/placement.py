@@ -16,7 +16,6 @@ call `Placer.place` for each allocation. `place()` builds a fresh one per call.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -564,6 +563,8 @@ def _close_names(px: Placer, wanted: str) -> str:
         for i in cat.values():
             names.setdefault(i.short.lower(), i.short)
             names.setdefault(i.type.lower(), i.type)
+    import difflib  # only for the hint of a NotFound: kept off the start path
+
     close = difflib.get_close_matches(wanted.lower().split()[-1], list(names), n=5, cutoff=0.6)
     if close:
         return "did you mean " + ", ".join(names[c] for c in close) + "? `vgpumgr types` lists every type"

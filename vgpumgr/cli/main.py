@@ -53,6 +53,9 @@ def _command_word(argv: list[str]) -> str | None:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; with `only`, just that top-level command is built (argparse is slow to build
     sixty sub-parsers, and `vgpumgr types` should start fast)."""
+    # argparse looks up a translation catalogue for every message of every parser it builds (a dozen
+    # file-system probes each); its messages are English anyway
+    argparse._ = lambda message: message  # type: ignore[attr-defined]
     common = _common()
     parser = argparse.ArgumentParser(
         prog="vgpumgr", parents=[common],
