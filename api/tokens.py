@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,9 @@ def list_tokens(cfg: Config | Engine, include_revoked: bool = False) -> list[dic
 
 
 def revoke_token(cfg: Config | Engine, name: str) -> None:
-    """Revoke a token by name; its row stays so the name keeps meaning what it meant in the audit trail."""
+    """Revoke a token by name; its row stays so the name keeps meaning what it meant in the audit trail.
+    This process forgets it at once; a running service within LOOKUP_TTL seconds."""
+    _seen.clear()
     with _engine(cfg).begin() as conn:
         done = conn.execute(update(api_tokens).where(api_tokens.c.name == name, api_tokens.c.revoked_at.is_(None))
                             .values(revoked_at=utcnow())).rowcount
@@ -105,12 +108,26 @@ def revoke_token(cfg: Config | Engine, name: str) -> None:
         raise NotFound(f"no active token named '{name}'", hint="`vgpumgr token list` shows the tokens")
 
 
+LOOKUP_TTL = 2.0  # seconds a positive lookup is remembered: a revocation elsewhere applies within this
+_seen: dict[str, tuple[float, Token]] = {}
+
+
 def lookup(engine: Engine, secret: str) -> Token | None:
-    """The active token whose secret this is, or None."""
+    """The active token whose secret this is, or None. Known tokens are remembered for LOOKUP_TTL seconds,
+    so a busy hook does not cost a database round trip per request."""
     if not secret or len(secret) > 256:
         return None
+    key = digest(secret)
+    hit = _seen.get(key)
+    now = time.monotonic()
+    if hit and now - hit[0] < LOOKUP_TTL:
+        return hit[1]
     with engine.connect() as conn:
         row = conn.execute(select(api_tokens.c.name, api_tokens.c.role)
-                           .where(api_tokens.c.secret_sha256 == digest(secret),
-                                  api_tokens.c.revoked_at.is_(None))).first()
-    return Token(row.name, row.role) if row else None
+                           .where(api_tokens.c.secret_sha256 == key, api_tokens.c.revoked_at.is_(None))).first()
+    if row is None:
+        _seen.pop(key, None)
+        return None
+    token = Token(row.name, row.role)
+    _seen[key] = (now, token)
+    return token

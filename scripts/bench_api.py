@@ -119,7 +119,8 @@ def main() -> int:
                    "that capacity is never over-committed")
     p.add_argument("--hold", type=float, default=0.0, help="seconds each client keeps its vGPU before releasing")
     a = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="vgpumgr-bench-api-"))
+    # sysfs lives in memory on a host; the simulated tree and the database go to tmpfs as well
+    tmp = Path(tempfile.mkdtemp(prefix="vgpumgr-bench-api-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     root = profiles.create(tmp / "sim", "t4", scale=8)
     cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect="test:///default")
     token = tokens.create_token(cfg, "bench", "operator")
