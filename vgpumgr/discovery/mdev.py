@@ -132,21 +132,26 @@ def _static_types(host: Host, p: str, base: str, cache: TypeCache) -> dict[str, 
     return static
 
 
-def discover_types(host: Host, parent: str | None = None, cache: TypeCache | None = None) -> list[VgpuType]:
-    out: list[VgpuType] = []
-    cache = cache or TypeCache(None)
+def _parent_types(host: Host, parent: str | None, cache: TypeCache):  # noqa: ANN202
+    """(parent, its GPU, type dir, cached static entry, available_instances) for every type of every parent."""
     for p in [ids.parent_name(parent)] if parent else parents(host):
         base = f"{host.mdev_bus}/{p}/mdev_supported_types"
         static = _static_types(host, p, base, cache)
         if static is None:
             continue
         gpu = physical_gpu(host, p)
-        for tdir, (name, desc, api, params, fb, maxi, series, slices, _) in static.items():
+        for tdir, entry in static.items():
             avail = read(f"{base}/{tdir}/available_instances", "0") or "0"
-            out.append(VgpuType(parent=p, type=tdir, name=name, description=desc, device_api=api,
-                                available_instances=int(avail) if avail.isdigit() else 0, backend=BACKEND_MDEV,
-                                params=dict(params), gpu=gpu, framebuffer_mb=fb, max_instance=maxi, series=series,
-                                mig_slices=slices))
+            yield p, gpu, tdir, entry, int(avail) if avail.isdigit() else 0
+
+
+def discover_types(host: Host, parent: str | None = None, cache: TypeCache | None = None) -> list[VgpuType]:
+    cache = cache or TypeCache(None)
+    out = [VgpuType(parent=p, type=tdir, name=name, description=desc, device_api=api, available_instances=n,
+                    backend=BACKEND_MDEV, params=dict(params), gpu=gpu, framebuffer_mb=fb, max_instance=maxi,
+                    series=series, mig_slices=slices)
+           for p, gpu, tdir, (name, desc, api, params, fb, maxi, series, slices, _), n
+           in _parent_types(host, parent, cache)]
     cache.save()
     return out
 
@@ -155,19 +160,14 @@ def types_json(host: Host, parent: str | None = None, cache: TypeCache | None = 
                available_only: bool = False) -> list[str]:
     """`VgpuType.to_json()` of every mdev type, already encoded: the fast path of `vgpumgr types --json`
     (a host with 128 parents has thousands of types; only `available_instances` is read per call)."""
-    out: list[str] = []
     cache = cache or TypeCache(None)
-    for p in [ids.parent_name(parent)] if parent else parents(host):
-        base = f"{host.mdev_bus}/{p}/mdev_supported_types"
-        static = _static_types(host, p, base, cache)
-        if static is None:
-            continue
-        head = f'{{"parent": {json.dumps(p)}, "gpu": {json.dumps(physical_gpu(host, p))}, "type": '
-        for tdir, entry in static.items():
-            avail = read(f"{base}/{tdir}/available_instances", "0") or "0"
-            n = int(avail) if avail.isdigit() else 0
-            if n or not available_only:
-                out.append(f'{head}{json.dumps(tdir)}, "available_instances": {n}, {entry[8]}}}')
+    heads: dict[str, str] = {}
+    out = []
+    for p, gpu, tdir, entry, n in _parent_types(host, parent, cache):
+        if n or not available_only:
+            head = heads.get(p) or heads.setdefault(p, f'{{"parent": {json.dumps(p)}, "gpu": {json.dumps(gpu)}, '
+                                                       '"type": ')
+            out.append(f'{head}{json.dumps(tdir)}, "available_instances": {n}, {entry[8]}}}')
     cache.save()
     return out
 
