@@ -168,3 +168,15 @@ def test_types_json_fast_path_matches_the_discovered_objects(tmp_path: Path, pro
         key = lambda d: (d["parent"], d["type"])  # noqa: E731
         assert sorted(fast, key=key) == sorted(slow, key=key), attempt
     assert (host.root / ".vgpumgr-state" / "cache" / "mdev-types.json").exists()
+
+
+def test_manual_changes_are_audited_and_an_unwritable_log_only_warns(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "t4").root)
+    rc, out, _ = run("--sysfs-root", root, "mdev", "create", "--parent", "0000:3b:00.0", "--type", "T4-4Q", "--json")
+    assert rc == 0
+    uuid = json.loads(out)["uuid"]
+    events = json.loads(run("--sysfs-root", root, "audit", "--json")[1])
+    assert [(e["action"], e["vgpu"]) for e in events] == [("mdev.create", uuid)]
+    rc, _, _ = run("--sysfs-root", root, "--db", "sqlite:////proc/no/such/dir.db", "mdev", "remove", uuid)
+    assert rc == 0  # the device is gone; the warning went to stderr
+    assert json.loads(run("--sysfs-root", root, "mdev", "list", "--json")[1]) == []

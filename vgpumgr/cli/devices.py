@@ -244,9 +244,12 @@ def _libvirt_holders(cfg: Config, kind: str):  # noqa: ANN202
 
 
 def _audit(cfg: Config, action: str, **kw: object) -> None:
-    """Record a manual device change in the audit log (best effort: the device change already happened)."""
+    """Record a manual device change in the audit log. The change already happened, so a database that
+    cannot be written (no permission, a full disk) is reported as a warning, not as a failure."""
+    from vgpumgr.service import record_event
+
     try:
-        from vgpumgr.service import record_event
-    except ImportError:
-        return
-    record_event(cfg, action, **kw)
+        record_event(cfg, action, **kw)  # type: ignore[arg-type]
+    except Exception as e:  # noqa: BLE001
+        sys.stderr.write(f"vgpumgr: warning: {action} done, but not recorded in the audit log ({cfg.db_url}): "
+                         f"{type(e).__name__}: {e}\n")
