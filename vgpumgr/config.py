@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from vgpumgr.host import Host
 
 
-@dataclass
 class Config:
-    host: Host
-    state_dir: Path
-    db_url: str
-    libvirt_uri: str
-    actor: str
-    domain_type: str = "kvm"
+    # a plain class: `vgpumgr types` should not pay for importing dataclasses
+    def __init__(self, host: Host, state_dir: Path, db_url: str, libvirt_uri: str, actor: str,
+                 domain_type: str = "kvm") -> None:
+        self.host, self.state_dir, self.db_url = host, state_dir, db_url
+        self.libvirt_uri, self.actor, self.domain_type = libvirt_uri, actor, domain_type
+
+    def __repr__(self) -> str:
+        return (f"Config(root={self.host.root}, state_dir={self.state_dir}, db={self.db_url}, "
+                f"libvirt={self.libvirt_uri})")
 
     @classmethod
     def resolve(cls, sysfs_root: str | None = None, state_dir: str | None = None, db: str | None = None,

@@ -6,8 +6,8 @@ Nothing in vgpumgr builds a sysfs path from a string that has not passed through
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 
 from vgpumgr.errors import InvalidInput
 
@@ -133,8 +133,7 @@ _MIG = _lazy(
 )
 
 
-@dataclass(frozen=True)
-class TypeName:
+class TypeName(NamedTuple):
     """A parsed NVIDIA vGPU type name such as `GRID T4-4Q` or `NVIDIA H100XM-1-10CME`."""
 
     short: str  # last token, e.g. T4-4Q

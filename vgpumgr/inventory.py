@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vgpumgr.discovery import mdev as mdev_disc
 from vgpumgr.discovery import nvidia_vf
-from vgpumgr.discovery.pci import discover_gpus
 from vgpumgr.host import Host
-from vgpumgr.model import Inventory, VgpuType
+
+if TYPE_CHECKING:
+    from vgpumgr.model import Inventory, VgpuType
 
 
 def discover_types(host: Host, parent: str | None = None, cache_path: str | None = None,
@@ -26,6 +29,9 @@ def types_json(host: Host, parent: str | None = None, cache_path: str | None = N
 
 
 def scan(host: Host, known_type_names: dict[int, str] | None = None) -> Inventory:
+    from vgpumgr.discovery.pci import discover_gpus
+    from vgpumgr.model import Inventory
+
     types = discover_types(host)
     names = dict(known_type_names or {})
     for t in types:

@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-BACKEND_MDEV = "mdev"
-BACKEND_NVIDIA_VF = "nvidia-vf"
-BACKEND_PASSTHROUGH = "passthrough"
-BACKEND_MIG = "mig"
+from vgpumgr.kinds import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH  # noqa: F401
 
 
 @dataclass

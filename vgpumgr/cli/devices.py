@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from vgpumgr import ids
 from vgpumgr.cli.output import dump_json, table
 from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput, NotFound
-from vgpumgr.model import VgpuType
+
+if TYPE_CHECKING:
+    from vgpumgr.model import VgpuType
 
 
 def config(args: argparse.Namespace) -> Config:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import TYPE_CHECKING
 
 from vgpumgr import ids
 from vgpumgr.discovery.fs import link_name, listdir, read
 from vgpumgr.host import Host
-from vgpumgr.model import BACKEND_MDEV, Mdev, VgpuType
+from vgpumgr.kinds import BACKEND_MDEV
+
+if TYPE_CHECKING:
+    from vgpumgr.model import Mdev, VgpuType
 
 _NVIDIA_DESC = r"(\w+)=([^,]+)"  # compiled on first use (re caches it)
 _KV_LINES = r"(?m)^\s*([\w ]+?)\s*:\s*(.+?)\s*$"
@@ -118,6 +122,8 @@ def _static_types(host: Host, p: str, base: str, cache: TypeCache) -> dict[str, 
     key = [st.st_ino, st.st_ctime_ns]
     static = cache.get(p, key)
     if static is None:
+        from vgpumgr.model import VgpuType
+
         static = {}
         for tdir in listdir(base):
             d = f"{base}/{tdir}"
@@ -146,6 +152,8 @@ def _parent_types(host: Host, parent: str | None, cache: TypeCache):  # noqa: AN
 
 
 def discover_types(host: Host, parent: str | None = None, cache: TypeCache | None = None) -> list[VgpuType]:
+    from vgpumgr.model import VgpuType
+
     cache = cache or TypeCache(None)
     out = [VgpuType(parent=p, type=tdir, name=name, description=desc, device_api=api, available_instances=n,
                     backend=BACKEND_MDEV, params=dict(params), gpu=gpu, framebuffer_mb=fb, max_instance=maxi,
@@ -173,6 +181,8 @@ def types_json(host: Host, parent: str | None = None, cache: TypeCache | None = 
 
 
 def discover_mdevs(host: Host) -> list[Mdev]:
+    from vgpumgr.model import Mdev
+
     out = []
     base = str(host.mdev_devices)
     for uuid in listdir(base):

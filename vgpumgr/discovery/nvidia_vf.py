@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int
 from vgpumgr.discovery.mdev import enrich
 from vgpumgr.host import Host
-from vgpumgr.model import BACKEND_NVIDIA_VF, VfVgpu, VgpuType
+from vgpumgr.kinds import BACKEND_NVIDIA_VF
+
+if TYPE_CHECKING:
+    from vgpumgr.model import VfVgpu, VgpuType
 
 HEADER = "ID    : vGPU Name"
 
@@ -34,6 +38,8 @@ def vendor_vfs(host: Host) -> list[str]:
 def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
     out = []
     for vf in vendor_vfs(host):
+        from vgpumgr.model import VgpuType  # only when the host has vendor VFs
+
         if parent and vf != parent:
             continue
         d = f"{host.pci_devices}/{vf}"
@@ -46,6 +52,8 @@ def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
 
 
 def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None) -> list[VfVgpu]:
+    from vgpumgr.model import VfVgpu
+
     out = []
     for vf in vendor_vfs(host):
         d = f"{host.pci_devices}/{vf}"

@@ -1,0 +1,6 @@
+"""Names of the device backends (kept apart from model.py so hot paths need not import dataclasses)."""
+
+BACKEND_MDEV = "mdev"
+BACKEND_NVIDIA_VF = "nvidia-vf"
+BACKEND_PASSTHROUGH = "passthrough"
+BACKEND_MIG = "mig"
