@@ -6,8 +6,8 @@ Nothing in vgpumgr builds a sysfs path from a string that has not passed through
 from __future__ import annotations
 
 import re
+from collections import namedtuple
 from functools import cache
-from typing import NamedTuple
 
 from vgpumgr.errors import InvalidInput
 
@@ -133,15 +133,14 @@ _MIG = _lazy(
 )
 
 
-class TypeName(NamedTuple):
-    """A parsed NVIDIA vGPU type name such as `GRID T4-4Q` or `NVIDIA H100XM-1-10CME`."""
+class TypeName(namedtuple("TypeName", "short gpu framebuffer_gb series mig_slices attr")):
+    """A parsed NVIDIA vGPU type name such as `GRID T4-4Q` or `NVIDIA H100XM-1-10CME`.
 
-    short: str  # last token, e.g. T4-4Q
-    gpu: str  # T4, A40, H100XM
-    framebuffer_gb: float  # nominal (0 in the name = 0.5 GB)
-    series: str  # A, B, C or Q
-    mig_slices: int | None  # compute slices of the GPU instance for MIG-backed types
-    attr: str | None  # ME, NOME, MEALL, GFX
+    short: the last token (T4-4Q); gpu: T4, A40, H100XM; framebuffer_gb: nominal (0 in the name = 0.5 GB);
+    series: A, B, C or Q; mig_slices: compute slices of the GPU instance (MIG-backed types), else None;
+    attr: ME, NOME, MEALL, GFX or None."""
+
+    __slots__ = ()
 
     @property
     def mig_backed(self) -> bool:

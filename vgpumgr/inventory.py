@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vgpumgr.discovery import mdev as mdev_disc
 from vgpumgr.discovery import nvidia_vf
 from vgpumgr.host import Host
 
+TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
 if TYPE_CHECKING:
     from vgpumgr.model import Inventory, VgpuType
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, TextIO
 
 from vgpumgr import ids
 from vgpumgr.cli.output import dump_json, table
 from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput, NotFound
 
+TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
 if TYPE_CHECKING:
+    from typing import TextIO
+
     from vgpumgr.model import VgpuType
 
 

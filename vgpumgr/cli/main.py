@@ -7,9 +7,12 @@ import argparse
 import importlib
 import os
 import sys
-from typing import TextIO
 
 from vgpumgr.errors import VgpuError
+
+TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
+if TYPE_CHECKING:
+    from typing import TextIO
 
 # command path -> "module:function" (imported only when that command runs)
 COMMANDS: dict[tuple[str, ...], str] = {}

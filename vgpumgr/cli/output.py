@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, TextIO
+
+TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 
 def table(out: TextIO, headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(none)") -> None:

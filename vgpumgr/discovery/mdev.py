@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import TYPE_CHECKING
 
 from vgpumgr import ids
 from vgpumgr.discovery.fs import link_name, listdir, read
 from vgpumgr.host import Host
 from vgpumgr.kinds import BACKEND_MDEV
 
+TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
 if TYPE_CHECKING:
     from vgpumgr.model import Mdev, VgpuType
 

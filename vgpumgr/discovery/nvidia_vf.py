@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int
 from vgpumgr.discovery.mdev import enrich
 from vgpumgr.host import Host
 from vgpumgr.kinds import BACKEND_NVIDIA_VF
 
+TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
 if TYPE_CHECKING:
     from vgpumgr.model import VfVgpu, VgpuType
 
