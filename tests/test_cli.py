@@ -180,3 +180,34 @@ def test_manual_changes_are_audited_and_an_unwritable_log_only_warns(tmp_path: P
     rc, _, _ = run("--sysfs-root", root, "--db", "sqlite:////proc/no/such/dir.db", "mdev", "remove", uuid)
     assert rc == 0  # the device is gone; the warning went to stderr
     assert json.loads(run("--sysfs-root", root, "mdev", "list", "--json")[1]) == []
+
+
+def test_mig_and_scheduler_commands(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "h100-mig", vfs=4).root)
+    rc, out, err = run("--sysfs-root", root, "mig", "plan", "0000:19:00.0", "3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+    assert rc == 0, err
+    assert out.splitlines() == ["3g.40gb: start 4 size 4", "2g.20gb: start 0 size 2",  # a full layout, packed
+                                "1g.10gb: start 2 size 1", "1g.10gb: start 3 size 1"]
+    rc, out, err = run("--sysfs-root", root, "mig", "create", "0000:19:00.0", "3g.40gb", "--start", "4")
+    assert rc == 0, err
+    gi = json.loads(out)
+    assert (gi["profile"], gi["start"]) == ("3g.40gb", 4)
+    rc, _, err = run("--sysfs-root", root, "mig", "create", "0000:19:00.0", "7g.80gb")
+    assert rc == 4 and "no room for 7g.80gb" in err
+    assert json.loads(run("--sysfs-root", root, "types", "--parent", "0000:19:00.4", "--json")[1])[0]["name"] \
+        == "NVIDIA H100XM-3-40C"  # the driver now offers the matching MIG-backed type
+    rc, _, err = run("--sysfs-root", root, "mig", "mode", "0000:19:00.0", "off")
+    assert rc == 4 and "in use" in err  # a GPU instance exists
+    assert run("--sysfs-root", root, "mig", "destroy", "0000:19:00.0", str(gi["id"]))[0] == 0
+    assert json.loads(run("--sysfs-root", root, "types", "--parent", "0000:19:00.4", "--json")[1]) == []
+    rc, out, err = run("--sysfs-root", root, "scheduler", "set", "0000:19:00.0", "equal-share")
+    assert rc == 0, err
+    assert json.loads(run("--sysfs-root", root, "scheduler", "show", "0000:19:00.0")[1])["policy"] == "equal-share"
+    actions = [e["action"] for e in json.loads(run("--sysfs-root", root, "audit", "--json")[1])]
+    assert actions == ["mig.gi.create", "mig.gi.destroy", "vgpu.scheduler"]
+
+
+def test_nvml_commands_need_nvml(tmp_path: Path) -> None:
+    root = str(make(tmp_path, "t4").root)  # no simulated NVML on this profile
+    rc, _, err = run("--sysfs-root", root, "mig", "list")
+    assert rc == 8 and "NVML" in err

@@ -173,18 +173,18 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         if e.hint:
             err.write(f"  hint: {e.hint}\n")
         return e.exit_code
+    except BrokenPipeError:  # `vgpumgr ... | head`: the reader went away, which is no error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        err.write("vgpumgr: interrupted\n")
+        return 130
     except Exception as e:  # noqa: BLE001 - a bug: say so plainly; VGPUMGR_DEBUG=1 shows the traceback
         if os.environ.get("VGPUMGR_DEBUG"):
             raise
         err.write(f"vgpumgr: internal error: {type(e).__name__}: {e}\n"
                   "  hint: this is a bug in vgpumgr; run again with VGPUMGR_DEBUG=1 and report the traceback\n")
         return 70
-    except KeyboardInterrupt:
-        err.write("vgpumgr: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":
