@@ -211,3 +211,17 @@ def test_nvml_commands_need_nvml(tmp_path: Path) -> None:
     root = str(make(tmp_path, "t4").root)  # no simulated NVML on this profile
     rc, _, err = run("--sysfs-root", root, "mig", "list")
     assert rc == 8 and "NVML" in err
+
+
+def test_mdev_remove_refuses_while_a_running_libvirt_domain_uses_it(tmp_path: Path) -> None:
+    from vgpumgr.config import Config
+    from vgpumgr.service import Service
+
+    host = make(tmp_path, "t4")
+    svc = Service(Config.resolve(sysfs_root=str(host.root)), licence_mode="off")  # the CLI's own defaults
+    uuid = svc.create_vm("web1", vgpus=["T4-4Q"], start=True)["allocations"][0]["uuid"]
+    rc, _, err = run("--sysfs-root", str(host.root), "mdev", "remove", uuid)
+    assert rc == 4 and "running libvirt domain web1" in err
+    svc.stop_vm("web1")  # a stopped domain holds nothing in the kernel
+    rc, _, err = run("--sysfs-root", str(host.root), "mdev", "remove", uuid)
+    assert rc == 0, err

@@ -71,31 +71,7 @@ class Host:
             raise InvalidInput(f"'{name}' is not a driver name")
         return self.sys / "bus/pci/drivers" / name
 
-    # -- I/O ------------------------------------------------------------------------------------
-    @staticmethod
-    def read(path: Path, default: str | None = None) -> str | None:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return f.read().strip()
-        except OSError:
-            return default
-
-    @staticmethod
-    def read_int(path: Path, default: int | None = None) -> int | None:
-        try:
-            with open(path, "rb") as f:
-                return int(f.read().strip(), 0)
-        except (OSError, ValueError):
-            return default
-
-    @staticmethod
-    def link_name(path: Path) -> str | None:
-        """Last component of a symlink's target (driver, iommu_group, physfn...)."""
-        try:
-            return os.path.basename(os.readlink(path))
-        except OSError:
-            return None
-
+    # -- I/O (reads go through vgpumgr.discovery.fs) ---------------------------------------------
     def write(self, path: Path, data: str) -> None:
         """One write() per call, as the kernel expects; OSError carries the kernel's errno."""
         if self.simulated:

@@ -392,12 +392,14 @@ class Service:
             # A running QEMU holds the device's VFIO group, which the backends see in /proc; libvirt is
             # asked as well only for a vGPU that belongs to a VM (its domain may run under another driver).
             # (check_libvirt=False from inside a libvirt hook: calling libvirtd back from there can deadlock)
-            holders = self._libvirt_holders(skip_vm=None) if vm_name and check_libvirt else (lambda kind: None)
+            use_libvirt = bool(vm_name and check_libvirt)
             try:
                 if backend == BACKEND_MDEV and uuid:
-                    mdev_backend.remove(self.host, uuid, grace=grace, holder_check=holders("mdev"))
+                    mdev_backend.remove(self.host, uuid, grace=grace,
+                                        holder_check=self._libvirt_holders("mdev") if use_libvirt else None)
                 elif backend == BACKEND_NVIDIA_VF and address:
-                    nvidia_vf.clear_type(self.host, address, holder_check=holders("pci"),
+                    nvidia_vf.clear_type(self.host, address,
+                                         holder_check=self._libvirt_holders("pci") if use_libvirt else None,
                                          retries=10 if grace else 3, delay=1.0 if grace else 0.2)
             except VgpuError as e:
                 self.record_failure(audit.VGPU_REMOVE, e, actor=actor, vm=vm_name, vgpu=uuid or address)
@@ -410,20 +412,10 @@ class Service:
                            vgpu=uuid or address, detail={"type": row.type_id, "backend": backend})
                 return allocation_dict(row, s)
 
-    def _libvirt_holders(self, skip_vm: str | None):  # noqa: ANN202
-        def factory(kind: str):  # noqa: ANN202
-            def check(key: str) -> list[str]:
-                try:
-                    from vgpumgr.virt import Virt
+    def _libvirt_holders(self, kind: str):  # noqa: ANN202
+        from vgpumgr.virt import holder_check
 
-                    v = Virt(self.cfg.libvirt_uri, state_dir=self.cfg.state_dir)
-                    names = v.domains_using_mdev(key) if kind == "mdev" else v.domains_using_pci(key)
-                    running = [n for n in names if n != skip_vm and v.state(n) in ("running", "paused")]
-                    return [f"running libvirt domain {n}" for n in running]
-                except VgpuError:
-                    return []
-            return check
-        return factory
+        return holder_check(self.cfg.libvirt_uri, self.cfg.state_dir, kind)
 
     def allocations(self, *, vm: str | None = None, gpu: str | None = None, state: str | None = None,
                     live: bool | None = None) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -378,3 +378,17 @@ def _edit_devices(domain_xml: str, device_xml: str, attach: bool) -> str:
                 if _device_identity(etree.tostring(hd, encoding="unicode")) == wanted:
                     devices.remove(hd)
     return etree.tostring(root, encoding="unicode")
+
+
+def holder_check(uri: str, state_dir: str | os.PathLike[str] | None, kind: str) -> Callable[[str], list[str]]:
+    """A backend holder check: the running libvirt domains that use an mdev UUID (kind "mdev") or a PCI
+    address (kind "pci"). A stopped domain holds nothing in the kernel, so it does not block a removal.
+    When libvirt cannot be reached, it answers nothing: the backends' /proc check of the VFIO group stays."""
+    def check(key: str) -> list[str]:
+        try:
+            v = Virt(uri, state_dir=state_dir)
+            names = v.domains_using_mdev(key) if kind == "mdev" else v.domains_using_pci(key)
+            return [f"running libvirt domain {n}" for n in names if v.state(n) in ("running", "paused")]
+        except VgpuError:
+            return []
+    return check

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from vgpumgr.discovery.fs import read
 from vgpumgr.errors import Timeout, VgpuError, from_oserror
 from vgpumgr.host import Host
 
@@ -79,7 +80,7 @@ def vfio_holders(host: Host, group: int | None, extra_targets: tuple[str, ...] =
         for fd in fds:
             try:
                 if os.readlink(f"{fd_dir}/{fd}") in targets:
-                    comm = (Host.read(Path(f"{proc}/{pid}/comm")) or "?").strip()
+                    comm = read(f"{proc}/{pid}/comm", "?") or "?"
                     out.append(f"{comm}[{pid}]")
                     break
             except OSError:

@@ -234,17 +234,9 @@ def vfio_unbind(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _libvirt_holders(cfg: Config, kind: str):  # noqa: ANN202
-    """Domains using a device, when libvirt is reachable; nothing otherwise (sysfs holders still apply)."""
-    def check(key: str) -> list[str]:
-        try:
-            from vgpumgr.virt import Virt
+    from vgpumgr.virt import holder_check
 
-            v = Virt(cfg.libvirt_uri, state_dir=cfg.state_dir)
-            names = v.domains_using_mdev(key) if kind == "mdev" else v.domains_using_pci(key)
-            return [f"libvirt domain {n}" for n in names]
-        except Exception:  # noqa: BLE001 - libvirt down or missing: rely on the sysfs holder check
-            return []
-    return check
+    return holder_check(cfg.libvirt_uri, cfg.state_dir, kind)
 
 
 def _audit(cfg: Config, action: str, **kw: object) -> None:
