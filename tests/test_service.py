@@ -236,9 +236,9 @@ def test_mig_backed_vm_end_to_end(tmp_path: Path) -> None:
     res = svc.create_vm("ml1", mig=["3g.40gb"])
     [a] = res["allocations"]
     assert a["type_name"] == "GRID A100D-3-40C" and a["backend"] == "mdev" and a["series"] == "C"
-    layer = svc._nvml()
+    layer = svc.nvml()
     assert [gi["profile"] for gi in layer.gpus()["0000:65:00.0"]["mig"]["gpu_instances"]] == ["3g.40gb"]
-    assert svc._free_gpu_instances(layer) == {"0000:65:00.0": []}
+    assert svc.free_gpu_instances(layer) == {"0000:65:00.0": []}
     b = svc.create_vm("ml2", mig=["3g.40gb"])["allocations"][0]
     assert b["parent"] != a["parent"]
     with pytest.raises(NoCapacity, match="no GPU has room"):
@@ -280,7 +280,7 @@ def test_mig_backed_vgpu_on_the_vendor_vf_interface(tmp_path: Path) -> None:
     assert (a["type_name"], a["backend"], a["pci_address"]) == ("NVIDIA H100XM-1-10C", "nvidia-vf", "0000:19:00.4")
     assert (b["type_name"], b["pci_address"]) == ("NVIDIA H100XM-1-10CME", "0000:19:00.5")
     assert "managed='no'" in svc.vm_xml("ml1")
-    gis = svc._nvml().gpus()["0000:19:00.0"]["mig"]["gpu_instances"]
+    gis = svc.nvml().gpus()["0000:19:00.0"]["mig"]["gpu_instances"]
     assert sorted(gi["profile"] for gi in gis) == ["1g.10gb", "1g.10gb+me"]
     assert {v.address: v.type for v in discover_vf_vgpus(svc.host)} == {"0000:19:00.4": "nvidia-1131",
                                                                          "0000:19:00.5": "nvidia-1130"}

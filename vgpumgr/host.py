@@ -1,29 +1,75 @@
 """The one root from which every sysfs path hangs, and the only place that reads or writes it.
 
-`Host("/")` is the real machine. A root made by `vgpumgr sim create` carries a marker file; only
-such a root (and never "/") routes writes through the kernel emulator, so the simulator is always a
-choice the user made by pointing `--sysfs-root` at it.
+`Host("/")` is the real machine, whose writes go to the kernel. Writes go through a `Kernel`: the real
+one does one write() per call. A tree that is not "/" may name another kernel in its `KERNEL_FILE`
+(`vgpumgr sim create` names its emulator there), so the simulator is always a root the user chose
+with `--sysfs-root`, and nothing outside the simulator names it.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput
 
-SIM_MARKER = ".vgpumgr-sim.json"
+SIM_MARKER = ".vgpumgr-sim.json"  # the simulator's state file; kept here so both sides agree on its name
+KERNEL_FILE = ".vgpumgr-kernel"   # "package.module:Class" of the Kernel that applies this root's writes
+_KERNEL_SPEC = re.compile(r"vgpumgr(\.[a-z_][a-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*")
+
+
+class Kernel:
+    """Applies sysfs writes and answers for the facts a driver keeps outside sysfs. This one is the
+    real kernel; a simulated root supplies a subclass through its KERNEL_FILE."""
+
+    simulated = False
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def write(self, path: Path, data: str) -> None:
+        """One write() per call, as the kernel expects; OSError carries the kernel's errno."""
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, data.encode())
+        finally:
+            os.close(fd)
+
+    def nvml_library(self) -> Any | None:
+        """An NVML-shaped object for this root, or None to use the system's libnvidia-ml (on "/")."""
+        return None
+
+    def gpu_instances_changed(self, layer: Any) -> None:
+        """Called after MIG GPU instances were made or destroyed through NVML; the real driver needs no word."""
 
 
 class Host:
-    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+    def __init__(self, root: str | os.PathLike[str] = "/", kernel: type[Kernel] | None = None) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise InvalidInput(f"sysfs root '{root}' is not a directory",
                                hint="pass --sysfs-root DIR of an existing tree, or make one with `vgpumgr sim create`")
-        self.simulated = self.root.resolve() != Path("/") and (self.root / SIM_MARKER).is_file()
-        self._emulator = None
+        self.kernel = (kernel or self._named_kernel())(self)
+        self.simulated = self.kernel.simulated
+
+    def _named_kernel(self) -> type[Kernel]:
+        spec_file = self.root / KERNEL_FILE
+        if self.root.resolve() == Path("/") or not spec_file.is_file():
+            return Kernel
+        spec = spec_file.read_text().strip()
+        if not _KERNEL_SPEC.fullmatch(spec):
+            raise InvalidInput(f"{spec_file} names '{spec}', which is not a vgpumgr kernel",
+                               hint="rebuild the tree with `vgpumgr sim create DIR --force`")
+        module, name = spec.split(":")
+        cls = getattr(importlib.import_module(module), name, None)
+        if not (isinstance(cls, type) and issubclass(cls, Kernel)):
+            raise InvalidInput(f"{spec_file} names '{spec}', which is not a vgpumgr kernel",
+                               hint="rebuild the tree with `vgpumgr sim create DIR --force`")
+        return cls
 
     @classmethod
     def from_env(cls, root: str | None = None) -> Host:
@@ -73,25 +119,7 @@ class Host:
 
     # -- I/O (reads go through vgpumgr.discovery.fs) ---------------------------------------------
     def write(self, path: Path, data: str) -> None:
-        """One write() per call, as the kernel expects; OSError carries the kernel's errno."""
-        if self.simulated:
-            self.emulator.write(path, data)
-            return
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, data.encode())
-        finally:
-            os.close(fd)
-
-    @property
-    def emulator(self):  # noqa: ANN201 - imported lazily to keep the CLI start fast
-        if self._emulator is None:
-            if not self.simulated:
-                raise RuntimeError("the kernel emulator is only used for a simulated root")
-            from vgpumgr.sim.kernel import KernelEmulator
-
-            self._emulator = KernelEmulator(self)
-        return self._emulator
+        self.kernel.write(path, data)
 
     def describe(self) -> str:
         return f"simulated host at {self.root}" if self.simulated else f"host sysfs at {self.root}"

@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from vgpumgr.config import Config
 from vgpumgr.model import BACKEND_MIG, Gpu
 
-SIM_NVML_STATE = ".vgpumgr-nvml.json"
-
-
-def sim_state_path(root: Path) -> Path:
-    return Path(root) / SIM_NVML_STATE
-
 
 def nvml_layer(cfg: Config) -> Any | None:
-    """NVML for this root: the real library for "/", the simulated one for a simulated root, else None."""
+    """NVML for this root: the real library for "/", the one the root's kernel supplies (a simulated root's),
+    else None."""
     from vgpumgr.nvml import NvmlLayer
 
+    library = cfg.host.kernel.nvml_library()
+    if library is not None:
+        return NvmlLayer(library)
     if cfg.host.simulated:
-        path = sim_state_path(cfg.host.root)
-        if not path.exists():
-            return None
-        from vgpumgr.sim.nvml import SimNvml
-
-        return NvmlLayer(SimNvml(path))
+        return None
     if str(cfg.host.root.resolve()) == "/":
         return NvmlLayer.system()
     return None  # a copied or hand-made tree: sysfs facts only

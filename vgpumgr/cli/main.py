@@ -128,20 +128,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("address", metavar="BDF")
 
     sim = group("sim", "simulated hosts for demos, tests and benchmarks")
-    p = cmd(sim, ("sim", "create"), "vgpumgr.cli.sim:create", "build a simulated sysfs tree")
+    p = cmd(sim, ("sim", "create"), "vgpumgr.sim.cli:create", "build a simulated sysfs tree")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--profile", default="mixed", help="t4, a40-sriov, l40s-vfio, a100-mig, h100-mig, gvtg, "
                                                       "samples, mixed")
     p.add_argument("--scale", type=int, default=1, help="copies of the profile's GPUs")
     p.add_argument("--vfs", type=int, default=None, help="VFs to enable per SR-IOV GPU")
     p.add_argument("--force", action="store_true", help="rebuild an existing simulated tree")
-    p = cmd(sim, ("sim", "reboot"), "vgpumgr.cli.sim:reboot",
+    p = cmd(sim, ("sim", "reboot"), "vgpumgr.sim.cli:reboot",
             "lose every mdev and VF vGPU type, as a host reboot or driver reload does")
-    p = cmd(sim, ("sim", "hold"), "vgpumgr.cli.sim:hold", "pretend a process holds a device open (tests, demo)")
+    p = cmd(sim, ("sim", "hold"), "vgpumgr.sim.cli:hold", "pretend a process holds a device open (tests, demo)")
     p.add_argument("target", metavar="UUID|BDF")
     p.add_argument("--by", default="qemu-system-x86", help="process name")
 
-    p = cmd(sub, ("demo",), "vgpumgr.cli.demo:demo", "walk through the main job on a simulated host")
+    p = cmd(sub, ("demo",), "vgpumgr.sim.demo:demo", "walk through the main job on a simulated host")
     p.add_argument("--dir", metavar="DIR", help="where to build the simulated host (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the simulated host afterwards")
 

@@ -325,10 +325,7 @@ def _audited(args: argparse.Namespace, action: str, gpu: str, detail: dict[str, 
 
 
 def _sync(cfg: Any, layer: Any) -> None:
-    if cfg.host.simulated:
-        from vgpumgr.sim.mig_link import sync_from_nvml
-
-        sync_from_nvml(cfg.host.root, layer)
+    cfg.host.kernel.gpu_instances_changed(layer)
 
 
 def mig_list(args: argparse.Namespace, out: TextIO) -> int:

@@ -23,9 +23,14 @@ from vgpumgr.locking import state_dir
 DB_FILE = "vgpumgr.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+# The newest migration. Stamped here so that a start can compare it with the database's revision
+# without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
+SCHEMA_REVISION = "0002"
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
+_schema_ready: set[str] = set()
+_schema_lock = threading.Lock()
 
 
 def default_db_url() -> str:
@@ -157,3 +162,23 @@ def head_revision() -> str | None:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+
+
+def ensure_schema(url: str) -> None:
+    """Upgrade the schema once per process, loading Alembic only when the database is behind."""
+    with _schema_lock:
+        if url not in _schema_ready:
+            if stored_revision(url) != SCHEMA_REVISION:
+                upgrade(url)
+            _schema_ready.add(url)
+
+
+def stored_revision(url: str) -> str | None:
+    """The database's revision read with one query (no Alembic), or None when it has no schema yet."""
+    from sqlalchemy import text
+
+    try:
+        with get_engine(url).connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except Exception:  # noqa: BLE001 - no table yet, or no database: let the upgrade create it
+        return None

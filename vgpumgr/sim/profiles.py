@@ -12,6 +12,7 @@ from vgpumgr.errors import Conflict, InvalidInput
 from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import catalog
 from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu
+from vgpumgr.sim.platform import mark, nvml_state_path
 from vgpumgr.sim.tree import INTEL, NVIDIA, SimTree, write
 
 # Real names from the pci.ids database, written into the simulated root so discovery resolves them
@@ -126,17 +127,17 @@ def _populate(root: Path, profile: str, scale: int, vfs: int | None) -> None:
     _build(tree, profile, scale, vfs)
     tree.save(force=True)
     _create_nvml(root, tree)
+    mark(root)
 
 
 def _create_nvml(root: Path, tree: SimTree) -> None:
     """A simulated NVML for the GPUs that have one, with MIG mode as the sysfs side has it."""
-    from vgpumgr.nvml_facts import sim_state_path
     from vgpumgr.sim import nvml as simnvml
 
     gpus = [(g["nvml_profile"], a) for a, g in sorted(tree.state["gpus"].items()) if g.get("nvml_profile")]
     if not gpus:
         return
-    path = sim_state_path(root)
+    path = nvml_state_path(root)
     simnvml.create_state(path, gpus)
     state = json.loads(path.read_text())
     for entry in state["gpus"]:

@@ -1,0 +1,239 @@
+"""Placing, creating and releasing one vGPU (mdev or VF vGPU type) or one whole GPU.
+
+allocate: lock -> (one transaction: read live records, place, reserve, take a licence seat, audit) ->
+kernel write -> (transaction: activate, audit); a failed kernel write releases the reservation and its seat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from vgpumgr import audit, ids, licensing
+from vgpumgr.backends import mdev as mdev_backend
+from vgpumgr.backends import nvidia_vf
+from vgpumgr.db import store
+from vgpumgr.db.models import Allocation as AllocRow
+from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+from vgpumgr.ops.context import FAILED, Context
+from vgpumgr.ops.records import allocation_dict
+from vgpumgr.placement import Allocation as PlacedAlloc
+from vgpumgr.placement import Decision, Policy, Request
+
+
+def live_records(svc: Context, s: Session) -> list[PlacedAlloc]:
+    h = svc.host_id(s)
+    names = {v.id: v.name for v in store.vms(s, h)}
+    out = []
+    for a in store.allocations(s, h, live=True):
+        if a.backend == BACKEND_PASSTHROUGH:
+            continue
+        d = a.detail or {}
+        parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
+        out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent,
+                               type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"), vm=names.get(a.vm_id),
+                               backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name))
+    return out
+
+
+def place(svc: Context, type_name: str, vm: str | None = None, policy: Policy | None = None,
+          free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
+    """What placement would choose now, changing nothing."""
+    snap = svc.snapshot()
+    with svc.sessions() as s:
+        records = live_records(svc, s)
+    return snap.placer.place(records, Request(type_name, vm), policy or Policy(),
+                             free_gpu_instances=free_gpu_instances)
+
+
+def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Policy | None = None,
+             idempotency_key: str | None = None, uuid: str | None = None, actor: str | None = None,
+             detail: dict[str, Any] | None = None, free_gpu_instances: dict[str, list[str]] | None = None
+             ) -> dict[str, Any]:
+    """Place and create one vGPU. A retried request with the same idempotency key gets the same vGPU."""
+    uuid = ids.mdev_uuid(uuid) if uuid else None
+    vm = ids.vm_name(vm) if vm else None
+    policy = policy or Policy()
+    with svc.locked():
+        if idempotency_key:
+            found = by_key(svc, idempotency_key)
+            if found is not None:
+                return found
+        with svc.tx() as s:  # one transaction: read the records, place, reserve, take a seat, audit
+            decision = _decide(svc, s, type_name, vm, policy, free_gpu_instances)
+            c = decision.choice
+            if c is None:
+                err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
+                                 hint="`vgpumgr place --type ... --explain` shows why each candidate was refused",
+                                 rejected=[r.__dict__ for r in decision.rejected][:20])
+                svc.event(s, audit.PLACEMENT, FAILED, actor=actor, vm=vm, error=str(err),
+                           detail={"type": type_name, "policy": dataclasses.asdict(policy)})
+            else:
+                inv = svc.snapshot().inventory
+                t = next((t for t in inv.types_of(c.parent) if t.type == c.type), None)
+                parsed = ids.parse_type_name(c.name or "")
+                fb = t.framebuffer_mb if t and t.framebuffer_mb else (
+                    int(parsed.framebuffer_gb * 1024) if parsed else None)
+                series = t.series if t and t.series else (parsed.series if parsed else None)
+                new_uuid = (uuid or ids.new_uuid()) if c.backend == BACKEND_MDEV else None
+                g = inv.gpu(c.gpu) if c.gpu else None
+                h = svc.host_id(s)
+                gpu_row = svc.gpu_row(s, c.gpu, g.name if g else "") if c.gpu else None
+                vm_row = store.upsert_vm(s, h, vm) if vm else None
+                row = store.reserve_allocation(
+                    s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
+                    pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
+                    type_name=c.name, series=series, idempotency_key=idempotency_key,
+                    detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})})
+                licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
+                                  actor=actor or svc.cfg.actor, host_name=svc.hostname)
+                svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
+                           detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
+                row_id = row.id
+        if c is None:
+            raise err
+        try:
+            if c.backend == BACKEND_MDEV:
+                mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
+            else:
+                nvidia_vf.set_type(svc.host, c.parent, c.type)
+        except BaseException as e:
+            _rollback_allocation(svc, row_id, e, actor)
+            svc.invalidate()
+            raise
+        svc.touch(c.gpu, c.parent)
+        with svc.tx() as s:
+            row = s.get(AllocRow, row_id)
+            store.activate(s, row)
+            svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
+                       detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
+            return allocation_dict(row, s)
+
+def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,
+            free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
+    records = live_records(svc, s)
+    req = Request(type_name, vm)
+    decision = svc.snapshot().placer.place(records, req, policy, free_gpu_instances=free_gpu_instances)
+    if decision.choice is None and time.monotonic() - svc.snapshot().taken > 0.05:
+        decision = svc.snapshot(refresh=True).placer.place(records, req, policy,
+                                                            free_gpu_instances=free_gpu_instances)
+    return decision
+
+
+def by_key(svc: Context, key: str) -> dict[str, Any] | None:
+    with svc.sessions() as s:
+        row = store.find_by_idempotency_key(s, svc.host_id(s), key)
+        if row is None:
+            return None
+        if row.state == "released":
+            raise Conflict(f"idempotency key '{key}' belongs to a released vGPU",
+                           hint="use a new key for a new request")
+        return allocation_dict(row, s)
+
+def _rollback_allocation(svc: Context, row_id: int, error: BaseException, actor: str | None) -> None:
+    with svc.tx() as s:
+        row = s.get(AllocRow, row_id)
+        store.release(s, row)
+        svc.event(s, audit.VGPU_CREATE, FAILED, actor=actor, gpu=(row.detail or {}).get("gpu"),
+                   vm=allocation_dict(row, s)["vm"], vgpu=row.uuid or row.pci_address, error=str(error),
+                   detail={"type": row.type_id, "parent": row.parent, "rolled_back": True})
+
+
+def allocate_passthrough(svc: Context, address: str, *, vm: str | None = None, idempotency_key: str | None = None,
+                         actor: str | None = None) -> dict[str, Any]:
+    """Record a whole GPU for a VM (libvirt's managed='yes' moves it to vfio-pci at VM start)."""
+    address = ids.pci_address(address)
+    vm = ids.vm_name(vm) if vm else None
+    with svc.locked():
+        if idempotency_key:
+            found = by_key(svc, idempotency_key)
+            if found is not None:
+                return found
+        g = svc.snapshot(refresh=True).inventory.gpu(address)
+        if g is None:
+            raise NotFound(f"no GPU {address}", hint="`vgpumgr gpus` lists the GPUs")
+        if "passthrough" not in g.backends:
+            raise InvalidInput(f"{address} cannot be passed through",
+                               hint="it needs an IOMMU group and must be a physical function")
+        busy = [m for m in svc.snapshot().inventory.mdevs if m.gpu == address] + \
+            [v for v in svc.snapshot().inventory.vf_vgpus if v.gpu == address]
+        if busy:
+            raise Conflict(f"{address} hosts vGPUs", hint="remove its vGPUs before passing the whole GPU through")
+        with svc.tx() as s:
+            h = svc.host_id(s)
+            if store.allocations(s, h, live=True, gpu=address):
+                raise Conflict(f"{address} already has vGPUs or a passthrough allocation",
+                               hint="release them first")
+            gpu_row = store.upsert_gpu(s, h, address, model=g.name, vendor_id=g.vendor_id, device_id=g.device_id)
+            vm_row = store.upsert_vm(s, h, vm) if vm else None
+            row = store.reserve_allocation(s, h, backend=BACKEND_PASSTHROUGH, parent=address,
+                                           type_id=store.PASSTHROUGH_TYPE, pci_address=address, gpu=gpu_row,
+                                           vm=vm_row, type_name=g.name, series=licensing.PASSTHROUGH,
+                                           idempotency_key=idempotency_key, detail={"gpu": address})
+            licensing.acquire(s, vm_row, gpu_row, licensing.PASSTHROUGH, svc.licence_mode, allocation=row,
+                              actor=actor or svc.cfg.actor, host_name=svc.hostname)
+            store.activate(s, row)
+            svc.event(s, audit.PLACEMENT, actor=actor, gpu=address, vm=vm, vgpu=address,
+                       detail={"type": "passthrough", "name": g.name})
+            return allocation_dict(row, s)
+
+def find_allocation(svc: Context, ref: str) -> dict[str, Any]:
+    """A live allocation by mdev UUID or PCI address."""
+    with svc.sessions() as s:
+        row = _live_row(svc, s, ref)
+        return allocation_dict(row, s)
+
+def _live_row(svc: Context, s: Session, ref: str) -> AllocRow:
+    h = svc.host_id(s)
+    if ids.is_pci_address(ref):
+        row = store.live_allocation(s, h, pci_address=ids.pci_address(ref))
+    else:
+        row = store.live_allocation(s, h, uuid=ids.mdev_uuid(ref))
+    if row is None:
+        raise NotFound(f"no live vGPU allocation {ref}", hint="`vgpumgr placements` lists them")
+    return row
+
+def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 0.0,
+            check_libvirt: bool = True) -> dict[str, Any]:
+    """Destroy the device of a live allocation and release its record and licence seat."""
+    with svc.locked():
+        with svc.sessions() as s:
+            row = _live_row(svc, s, ref)
+            row_id, backend = row.id, row.backend
+            uuid, address = row.uuid, row.pci_address
+            vm_name = allocation_dict(row, s)["vm"]
+            gpu, parent = (row.detail or {}).get("gpu"), row.parent
+        # A running QEMU holds the device's VFIO group, which the backends see in /proc; libvirt is
+        # asked as well only for a vGPU that belongs to a VM (its domain may run under another driver).
+        # (check_libvirt=False from inside a libvirt hook: calling libvirtd back from there can deadlock)
+        use_libvirt = bool(vm_name and check_libvirt)
+        try:
+            if backend == BACKEND_MDEV and uuid:
+                mdev_backend.remove(svc.host, uuid, grace=grace,
+                                    holder_check=svc.libvirt_holders("mdev") if use_libvirt else None)
+            elif backend == BACKEND_NVIDIA_VF and address:
+                nvidia_vf.clear_type(svc.host, address,
+                                     holder_check=svc.libvirt_holders("pci") if use_libvirt else None,
+                                     retries=10 if grace else 3, delay=1.0 if grace else 0.2)
+        except VgpuError as e:
+            svc.record_failure(audit.VGPU_REMOVE, e, actor=actor, vm=vm_name, vgpu=uuid or address)
+            raise
+        svc.touch(gpu, parent)
+        with svc.tx() as s:
+            row = s.get(AllocRow, row_id)
+            store.release(s, row)
+            svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=(row.detail or {}).get("gpu"), vm=vm_name,
+                       vgpu=uuid or address, detail={"type": row.type_id, "backend": backend})
+            return allocation_dict(row, s)
+
+
+def allocations(svc: Context, *, vm: str | None = None, gpu: str | None = None, state: str | None = None,
+                live: bool | None = None) -> list[dict[str, Any]]:
+    with svc.sessions() as s:
+        return [allocation_dict(a, s) for a in store.allocations(s, svc.host_id(s), vm=vm, gpu=gpu, state=state,
+                                                               live=live)]
+

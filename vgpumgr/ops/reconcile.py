@@ -1,0 +1,65 @@
+"""Records against sysfs: recorded vGPUs that vanished (after a reboot or driver reload) and devices
+nobody recorded; `fix` re-creates the one and, if asked, removes the other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpumgr import audit
+from vgpumgr.backends import mdev as mdev_backend
+from vgpumgr.backends import nvidia_vf
+from vgpumgr.errors import VgpuError
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
+from vgpumgr.ops import allocate as alloc
+from vgpumgr.ops.context import FAILED, OK, WARNING, Context
+
+
+def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, actor: str | None = None
+              ) -> dict[str, Any]:
+    """Compare records with sysfs: recorded vGPUs that vanished, and devices nobody recorded."""
+    with svc.locked():
+        inv = svc.snapshot(refresh=True).inventory
+        live = alloc.allocations(svc, live=True)
+        mdevs = {m.uuid: m for m in inv.mdevs}
+        vfs = {v.address: v for v in inv.vf_vgpus}
+        missing, unknown, restored, removed, errors = [], [], [], [], []
+        for a in live:
+            if a["backend"] == BACKEND_MDEV and a["uuid"] not in mdevs:
+                missing.append(a)
+            elif a["backend"] == BACKEND_NVIDIA_VF and a["pci_address"] not in vfs:
+                missing.append(a)
+        recorded = {a["uuid"] for a in live if a["uuid"]} | {a["pci_address"] for a in live if a["pci_address"]}
+        unknown = [m.to_json() for m in inv.mdevs if m.uuid not in recorded]
+        unknown += [v.to_json() for v in inv.vf_vgpus if v.address not in recorded]
+        if fix:
+            for a in missing:
+                try:
+                    if a["backend"] == BACKEND_MDEV:
+                        mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
+                        restored.append(a["uuid"])
+                    else:
+                        nvidia_vf.set_type(svc.host, a["pci_address"], a["type"])
+                        restored.append(a["pci_address"])
+                except VgpuError as e:
+                    errors.append(f"{a.get('uuid') or a.get('pci_address')}: {e}")
+            if remove_unknown:
+                for u in unknown:
+                    ref = u.get("uuid") or u.get("address")
+                    try:
+                        if "uuid" in u:
+                            mdev_backend.remove(svc.host, u["uuid"])
+                        else:
+                            nvidia_vf.clear_type(svc.host, u["address"], retries=1)
+                        removed.append(ref)
+                    except VgpuError as e:
+                        errors.append(f"{ref}: {e}")
+            svc.invalidate()
+        report = {"missing": [a.get("uuid") or a.get("pci_address") for a in missing],
+                  "missing_detail": missing, "unknown": unknown, "restored": restored, "removed": removed,
+                  "errors": errors, "fixed": fix}
+        with svc.tx() as s:
+            svc.event(s, audit.RECONCILE, FAILED if errors else (WARNING if (missing or unknown) and not fix
+                                                                   else OK), actor=actor,
+                       detail={k: v for k, v in report.items() if k != "missing_detail"})
+        return report
+

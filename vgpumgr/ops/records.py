@@ -1,0 +1,59 @@
+"""Allocation rows as the dicts the CLI, the REST API and the domain metadata use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session, object_session
+
+from vgpumgr.db.models import Allocation as AllocRow
+from vgpumgr.db.models import LicenceLease, Vm
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
+
+
+def allocation_dict(a: AllocRow, s: Session | None = None) -> dict[str, Any]:
+    detail = a.detail or {}
+    vm = None
+    session = s or object_session(a)
+    if a.vm_id is not None:
+        row = session.get(Vm, a.vm_id) if session else None
+        vm = row.name if row else None
+    return {
+        "id": a.id, "uuid": a.uuid, "pci_address": a.pci_address, "backend": a.backend, "parent": a.parent,
+        "gpu": detail.get("gpu"), "type": a.type_id,
+        "type_name": a.type_name, "series": a.series, "vm": vm,
+        "state": a.state, "idempotency_key": a.idempotency_key,
+        "licence": _edition(session, a.lease_id) if session is not None and a.lease_id else None,
+        "created_at": _iso(a.created_at), "activated_at": _iso(a.activated_at), "released_at": _iso(a.released_at),
+    }
+
+
+def hostdev_for(a: dict[str, Any], display: bool):  # noqa: ANN201
+    from vgpumgr.domain import Hostdev
+
+    if a["backend"] == BACKEND_MDEV:
+        return Hostdev("mdev", uuid=a["uuid"], display=display)
+    if a["backend"] == BACKEND_NVIDIA_VF:
+        return Hostdev("nvidia-vf", address=a["pci_address"])
+    return Hostdev("passthrough", address=a["pci_address"])
+
+
+def metadata_for(a: dict[str, Any]) -> dict[str, Any]:
+    """What the domain's <metadata> carries so the state can be rebuilt from libvirt alone."""
+    keys = ("uuid", "pci_address", "backend", "parent", "gpu", "type", "type_name", "series", "idempotency_key")
+    return {k: a[k] for k in keys if a.get(k) is not None}
+
+
+def is_nvidia(a: dict[str, Any]) -> bool:
+    return str(a.get("type", "")).startswith("nvidia-")
+
+
+
+def _edition(s: Session, lease_id: int) -> str | None:
+    lease = s.get(LicenceLease, lease_id)
+    return lease.pool.edition if lease is not None else None
+
+
+def _iso(v: Any) -> str | None:
+    return v.isoformat() if v is not None else None
+
