@@ -5,6 +5,9 @@ name or path with `<`, `&` or quotes is escaped and cannot change the document's
 document passes readable semantic checks first and then RelaxNG validation against `domain.rng`.
 
 Device classes follow virtinst's shape: one class per XML element, properties mapped to XML paths.
+
+Long because: one small class per XML device (passthrough, mdev, VF, graphics, disk, interface, metadata)
+plus the semantic checks that give readable errors before RelaxNG's.
 """
 
 from __future__ import annotations

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 from pathlib import Path
-from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
+if TYPE_CHECKING:
+    from typing import Any
+
 SIM_MARKER = ".vgpumgr-sim.json"  # the simulator's state file; kept here so both sides agree on its name
 KERNEL_FILE = ".vgpumgr-kernel"   # "package.module:Class" of the Kernel that applies this root's writes
-_KERNEL_SPEC = re.compile(r"vgpumgr(\.[a-z_][a-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*")
+_KERNEL_SPEC = r"vgpumgr(\.[a-z_][a-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*"  # compiled only when a tree names one
 
 
 class Kernel:
@@ -60,8 +62,10 @@ class Host:
         spec_file = self.root / KERNEL_FILE
         if self.root.resolve() == Path("/") or not spec_file.is_file():
             return Kernel
+        import re
+
         spec = spec_file.read_text().strip()
-        if not _KERNEL_SPEC.fullmatch(spec):
+        if not re.fullmatch(_KERNEL_SPEC, spec):
             raise InvalidInput(f"{spec_file} names '{spec}', which is not a vgpumgr kernel",
                                hint="rebuild the tree with `vgpumgr sim create DIR --force`")
         module, name = spec.split(":")

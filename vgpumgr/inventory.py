@@ -6,7 +6,7 @@ from vgpumgr.discovery import mdev as mdev_disc
 from vgpumgr.discovery import nvidia_vf
 from vgpumgr.host import Host
 
-TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
 if TYPE_CHECKING:
     from vgpumgr.model import Inventory, VgpuType
 

@@ -4,6 +4,9 @@
 lazily), the simulated NVML of a simulated root, or a test fake. It works in three worlds:
 NVML missing (no GPUs reported, one `notice` saying so), calls that answer NotSupported (a passthrough
 or non-vGPU driver: the field is None and its name is listed in `not_supported`), and a vGPU host.
+
+Long because: it is the one adapter over NVML's flat C API (device facts, vGPU catalogue, MIG profiles,
+placements and instances, scheduler), each call wrapped for the three worlds above.
 """
 
 from __future__ import annotations

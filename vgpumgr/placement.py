@@ -12,6 +12,10 @@ Non-NVIDIA parents (Intel GVT-g, mtty) follow `available_instances`.
 
 A `Placer` holds the per-inventory index; the service should keep one per inventory snapshot and
 call `Placer.place` for each allocation. `place()` builds a fresh one per call.
+
+Long because: NVIDIA's capacity rules (equal/mixed size, max_instance, VF and MIG limits) and the
+reasons for every refusal read as one argument; the index, the rules and the explanation share private
+types, and splitting them across files would make each rule harder to follow, not easier.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from vgpumgr.cli.output import dump_json, table
 from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput, NotFound
 
-TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
 if TYPE_CHECKING:
     from typing import TextIO
 

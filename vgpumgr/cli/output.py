@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
 if TYPE_CHECKING:
     from typing import Any, TextIO
 

@@ -11,7 +11,7 @@ from vgpumgr.discovery.fs import link_name, listdir, read
 from vgpumgr.host import Host
 from vgpumgr.kinds import BACKEND_MDEV
 
-TYPE_CHECKING = False  # typing is not imported at run time: the CLI's start path stays short
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
 if TYPE_CHECKING:
     from vgpumgr.model import Mdev, VgpuType
 

@@ -17,6 +17,8 @@ State lives in one JSON file (`create_state` writes it) so separate processes se
 
 `lost` makes every call on that GPU answer GpuIsLost; `not_supported` lists functions that answer
 NotSupported for it (error-path tests and demos).
+
+Long because: it mirrors the part of pynvml's API surface that vgpumgr calls, function by function.
 """
 
 from __future__ import annotations
