@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, object_session
 
-from vgpumgr import audit, ids, licensing
+from vgpumgr import audit, checkpoints, ids, licensing
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
 from vgpumgr.config import Config
@@ -100,6 +100,8 @@ class Service:
         self.licence_mode = licensing.check_mode(licence_mode or os.environ.get("VGPUMGR_LICENCE_MODE", "warn"))
         ensure_schema(cfg.db_url)
         self.sessions = session_factory(cfg.db_url)
+        checkpoints.attach(self.sessions, checkpoints.Checkpointer.from_env(cfg.state_dir, self.hostname,
+                                                                            simulated=self.host.simulated))
         self.lock_path = cfg.state_dir / "vgpumgr.lock"
         self.snapshot_ttl = snapshot_ttl
         # A simulated host has no vendor driver that could remove an mdev by itself, so nothing to wait for.
@@ -841,6 +843,8 @@ def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None
                  vgpu: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None) -> None:
     """Audit a change made outside the allocation flow (manual mdev/VF/SR-IOV/vfio commands)."""
     ensure_schema(cfg.db_url)
-    with session_factory(cfg.db_url).begin() as s:
+    factory = session_factory(cfg.db_url)
+    checkpoints.attach(factory, checkpoints.Checkpointer.from_env(cfg.state_dir, hostname(), cfg.host.simulated))
+    with factory.begin() as s:
         audit.append(s, actor=cfg.actor, action=action, outcome=outcome, host=hostname(), gpu=gpu, vm=vm,
                      vgpu=vgpu, error=error, detail=detail)
