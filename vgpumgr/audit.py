@@ -4,6 +4,8 @@ Each event stores the previous event's hash and its own: sha256(prev_hash + cano
 event). Appending advances one head row (seq, hash) under its lock, so it costs two or three
 statements however long the chain is, and two writers can never both extend the same head.
 `verify` walks the chain and names the first event that was altered, deleted or inserted.
+Someone who can write the database can still cut the tail and rewrite the head to match; signed
+checkpoints kept outside the database (vgpumgr.checkpoints) catch that.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ _UPDATE_HEAD = update(_HEAD).where(_HEAD.c.id == 1).values(seq=bindparam("seq"),
 _ADVANCE_HEAD = (update(_HEAD)
                  .where(_HEAD.c.id == 1, _HEAD.c.seq == bindparam("old_seq"), _HEAD.c.hash == bindparam("old_hash"))
                  .values(seq=bindparam("seq"), hash=bindparam("hash")))
+# Session.info key of the checkpointer (vgpumgr.checkpoints) that a session's factory was given.
+CHECKPOINTER = "vgpumgr.audit.checkpointer"
 # Per engine, the head this process last wrote: usually still the head, which saves a read per append.
 _last_head: weakref.WeakKeyDictionary[Engine, tuple[int, str]] = weakref.WeakKeyDictionary()
 
@@ -126,6 +130,9 @@ def append(session: Session, *, actor: str, action: str, outcome: str, host: str
         conn.execute(_UPDATE_HEAD, {"seq": values["seq"], "hash": values["hash"]})
     conn.execute(_INSERT_EVENT, values)
     _last_head[conn.engine] = (values["seq"], values["hash"])
+    checkpointer = session.info.get(CHECKPOINTER)
+    if checkpointer is not None and checkpointer.every and values["seq"] % checkpointer.every == 0:
+        checkpointer.after_commit(session)  # a file write every N events, none on the others
     return AuditEvent(**values)  # a detached copy of what was written
 
 
@@ -145,15 +152,36 @@ class Problem:
 
 
 @dataclass
+class CheckpointProblem:
+    """A checkpoint that is unreadable or badly signed, or that the database contradicts."""
+
+    n: int | None  # the checkpoint's number; None when the line is not even a checkpoint
+    line: int
+    seq: int | None
+    kind: str  # truncated, rewritten, forked, deleted, signature, file
+    reason: str
+
+    def __str__(self) -> str:
+        name = f"checkpoint {self.n}" if self.n is not None else "checkpoint file"
+        where = f"line {self.line}" + (f", event {self.seq}" if self.seq is not None else "")
+        return f"{name} ({where}): {self.kind}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checkpoint": self.n, "line": self.line, "seq": self.seq, "kind": self.kind, "reason": self.reason}
+
+
+@dataclass
 class VerifyResult:
     checked: int
     head_seq: int
     head_hash: str
     problems: list[Problem] = field(default_factory=list)
+    checkpoints: int | None = None  # how many checkpoints were compared; None: none were consulted
+    checkpoint_problems: list[CheckpointProblem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.checkpoint_problems
 
     @property
     def first_bad_seq(self) -> int | None:
@@ -163,14 +191,20 @@ class VerifyResult:
         return self.ok
 
     def message(self) -> str:
+        against = f", consistent with {self.checkpoints} checkpoint(s)" if self.checkpoints is not None else ""
         if self.ok:
-            return f"audit chain intact: {self.checked} events, head {self.head_seq} {self.head_hash[:16]}"
-        return "audit chain broken: " + "; ".join(str(p) for p in self.problems)
+            return (f"audit chain intact: {self.checked} events, head {self.head_seq} {self.head_hash[:16]}"
+                    f"{against}")
+        return "audit chain broken: " + "; ".join(str(p) for p in [*self.checkpoint_problems, *self.problems])
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checked": self.checked, "head_seq": self.head_seq,
-                "head_hash": self.head_hash,
-                "problems": [{"seq": p.seq, "reason": p.reason} for p in self.problems]}
+        d: dict[str, Any] = {"ok": self.ok, "checked": self.checked, "head_seq": self.head_seq,
+                             "head_hash": self.head_hash,
+                             "problems": [{"seq": p.seq, "reason": p.reason} for p in self.problems]}
+        if self.checkpoints is not None:
+            d["checkpoints"] = {"checked": self.checkpoints,
+                                "problems": [p.to_json() for p in self.checkpoint_problems]}
+        return d
 
 
 def verify(session: Session) -> VerifyResult:

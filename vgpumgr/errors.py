@@ -89,6 +89,14 @@ class Unavailable(VgpuError):
     kind = "unavailable"
 
 
+class AuditBroken(VgpuError):
+    """The audit chain, or a checkpoint of it, shows tampering or loss."""
+
+    status = 409
+    exit_code = 9
+    kind = "audit-broken"
+
+
 # errno -> (error class, what it usually means for this kind of write)
 _ERRNO_ADVICE: dict[int, tuple[type[VgpuError], str]] = {
     _errno.EEXIST: (Conflict, "a device with this UUID already exists (UUIDs are global across parents); "

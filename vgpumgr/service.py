@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr import audit
+from vgpumgr import audit, checkpoints
 from vgpumgr.config import Config
 from vgpumgr.db.session import ensure_schema, session_factory
 from vgpumgr.ops import allocate as alloc_ops
@@ -50,6 +50,8 @@ def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None
                  vgpu: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None) -> None:
     """Audit a change made outside the allocation flow (manual mdev/VF/SR-IOV/vfio commands)."""
     ensure_schema(cfg.db_url)
-    with session_factory(cfg.db_url).begin() as s:
+    factory = session_factory(cfg.db_url)
+    checkpoints.attach(factory, checkpoints.Checkpointer.from_env(cfg.state_dir, hostname(), cfg.host.simulated))
+    with factory.begin() as s:
         audit.append(s, actor=cfg.actor, action=action, outcome=outcome, host=hostname(), gpu=gpu, vm=vm,
                      vgpu=vgpu, error=error, detail=detail)

@@ -236,6 +236,7 @@ class AuditEvent(Base):
         Index("ix_audit_events_at", "at"),
         Index("ix_audit_events_vm", "vm"),
         Index("ix_audit_events_gpu", "gpu"),
+        Index("uq_audit_events_prev_hash", "prev_hash", unique=True),  # no fork: one successor per event
     )
 
     seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,

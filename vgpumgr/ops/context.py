@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from vgpumgr import audit, licensing
+from vgpumgr import audit, checkpoints, licensing
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.models import Gpu as GpuRow
@@ -52,6 +52,8 @@ class Context:
         self.licence_mode = licensing.check_mode(licence_mode or os.environ.get("VGPUMGR_LICENCE_MODE", "warn"))
         ensure_schema(cfg.db_url)
         self.sessions = session_factory(cfg.db_url)
+        checkpoints.attach(self.sessions, checkpoints.Checkpointer.from_env(cfg.state_dir, self.hostname,
+                                                                            simulated=self.host.simulated))
         self.lock_path = cfg.state_dir / "vgpumgr.lock"
         self.snapshot_ttl = snapshot_ttl
         # A simulated host has no vendor driver that could remove an mdev by itself, so nothing to wait for.
