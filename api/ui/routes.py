@@ -148,7 +148,8 @@ def gpu_page(request: Request, address: str, svc: Service = Depends(service), _:
         return render(request, "error.html", 404, title="not found", message=f"no GPU {address}",
                       hint="the host overview lists the GPUs")
     if found.gpu.is_vf:
-        return RedirectResponse(f"/ui/gpus/{quote(found.gpu.physical)}#vf-{quote(address)}", status_code=303)
+        pf, vf = quote(found.gpu.physical, safe=":"), quote(address, safe=":")
+        return RedirectResponse(f"/ui/gpus/{pf}#vf-{vf}", status_code=303)
     return render(request, "gpu.html", m=found, creatable=[t for t in found.types if t.available > 0
                                                            and not t.mig_profile])
 
@@ -255,7 +256,7 @@ async def create_vgpu(request: Request, fields: dict[str, str] = Depends(form), 
                                                         actor=token.actor))
     ref = made.get("uuid") or made.get("pci_address")
     notice = f"created {made.get('type_name') or made.get('type')} {ref}" + (f" for VM {vm}" if vm else "")
-    return RedirectResponse(f"/ui/gpus/{quote(gpu)}?" + urlencode({"notice": notice}), status_code=303,
+    return RedirectResponse(f"/ui/gpus/{quote(gpu, safe=':')}?" + urlencode({"notice": notice}), status_code=303,
                             headers=HEADERS)
 
 
