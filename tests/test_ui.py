@@ -197,11 +197,12 @@ def test_placements_and_audit_filters(env: ApiEnv) -> None:
     a = env.service.allocate("T4-4Q", vm="web1", actor="test")
     env.service.allocate("T4-4Q", vm="web2", actor="test")
     login(env, "auditor")
-    r = env.client.get("/ui/placements", params={"vm": "web1"}).text
+    r = env.client.get("/ui/placements?vm=web1&gpu=&type=&state=").text  # as the filter form sends it
     assert re.findall(r'<tr data-ref="([^"]+)"', r) == [a["uuid"]]
     assert len(re.findall(r"<tr data-ref=", env.client.get("/ui/placements?type=T4-4Q").text)) == 2
     assert 'id="no-rows"' in env.client.get("/ui/placements?gpu=0000:65:00.0").text
-    trail = env.client.get("/ui/audit", params={"vm": "web2", "action": "vgpu.create"}).text
+    trail = env.client.get("/ui/audit?vm=web2&gpu=&vgpu=&actor=&action=vgpu.create&outcome=&since=&until=&limit=200"
+                           ).text  # as the filter form sends it
     assert re.findall(r'data-action="([^"]+)"', trail) == ["vgpu.create"]
     csv = env.client.get("/ui/audit/export", params={"format": "csv", "vm": "web2"})
     assert csv.headers["content-type"].startswith("text/csv") and "attachment" in csv.headers["content-disposition"]

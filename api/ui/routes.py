@@ -36,7 +36,7 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 CSS = (HERE / "static" / "ui.css").read_bytes()
 HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
                                       "frame-ancestors 'none'; base-uri 'none'",
-           "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff",
+           "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "X-Content-Type-Options": "nosniff",
            "Cache-Control": "no-store"}
 OUTCOMES = "^(ok|failed|warning)$"
 STATES = "^(reserved|active|released)$"
@@ -170,10 +170,10 @@ def vms_page(request: Request, svc: Service = Depends(service), _: Token = Depen
 @router.get("/placements")
 def placements_page(request: Request, vm: str | None = Query(default=None, max_length=64),
                     gpu: str | None = Query(default=None, max_length=32),
-                    state: str | None = Query(default=None, pattern=STATES),
+                    state: str | None = Query(default=None, pattern=STATES + "|^$"),
                     type: str | None = Query(default=None, max_length=128),
                     svc: Service = Depends(service), _: Token = Depends(reader)) -> Response:
-    vm, gpu, type = (v.strip() or None if v else None for v in (vm, gpu, type))
+    vm, gpu, type, state = (v.strip() or None if v else None for v in (vm, gpu, type, state))
     rows = svc.allocations(vm=ids.vm_name(vm) if vm else None, gpu=ids.pci_address(gpu) if gpu else None,
                            state=state, live=None if state else True)
     if type:
@@ -189,13 +189,24 @@ def licences_page(request: Request, svc: Service = Depends(service), _: Token = 
     return render(request, "licences.html", editions=editions, mode=svc.licence_mode)
 
 
+def _when(name: str, text: str | None) -> datetime | None:
+    if not text or not text.strip():
+        return None
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput(f"`{name}` '{text}' is not a date or time",
+                           hint="use ISO 8601: 2025-01-31 or 2025-01-31T08:00 (UTC unless an offset is given)"
+                           ) from None
+
+
 def _audit_filters(vm: str | None, gpu: str | None, vgpu: str | None, actor: str | None, action: str | None,
-                   outcome: str | None, since: datetime | None, until: datetime | None, limit: int
-                   ) -> dict[str, Any]:
-    f: dict[str, Any] = {k: (v.strip() or None) if isinstance(v, str) else v for k, v in
-                         {"vm": vm, "gpu": gpu, "vgpu": vgpu, "actor": actor, "action": action, "outcome": outcome,
-                          "since": since, "until": until}.items()}
-    if since and until and since >= until:
+                   outcome: str | None, since: str | None, until: str | None, limit: int) -> dict[str, Any]:
+    f: dict[str, Any] = {k: (v.strip() or None) if v else None for k, v in
+                         {"vm": vm, "gpu": gpu, "vgpu": vgpu, "actor": actor, "action": action,
+                          "outcome": outcome}.items()}
+    f["since"], f["until"] = _when("since", since), _when("until", until)
+    if f["since"] and f["until"] and f["since"] >= f["until"]:
         raise InvalidInput("`since` is not before `until`", hint="give since < until (until is exclusive)")
     return {**f, "limit": limit}
 
@@ -207,7 +218,8 @@ class AuditQuery:
                  actor: str | None = Query(default=None, max_length=128),
                  action: str | None = Query(default=None, max_length=64),
                  outcome: str | None = Query(default=None, pattern=OUTCOMES + "|^$"),
-                 since: datetime | None = None, until: datetime | None = None,
+                 since: str | None = Query(default=None, max_length=40),
+                 until: str | None = Query(default=None, max_length=40),
                  limit: int = Query(default=200, ge=1, le=100_000)) -> None:
         self.filters = _audit_filters(vm, gpu, vgpu, actor, action, outcome, since, until, limit)
 
