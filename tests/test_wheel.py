@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "vgpumgr", "api", "migrations", "xml_templates")
+SOURCES = ("pyproject.toml", "README.md", "vgpumgr", "api", "migrations", "xml_templates", "scripts/systemd")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     src.mkdir()
     for name in SOURCES:
         p = REPO / name
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
         if p.is_dir():
             shutil.copytree(p, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:

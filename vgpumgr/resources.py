@@ -1,8 +1,8 @@
-"""Data directories shipped inside the vgpumgr package (`migrations/`, `xml_templates/`).
+"""Data directories shipped inside the vgpumgr package (`migrations/`, `xml_templates/`, `systemd/`).
 
 They are found through importlib.resources, so an installed wheel needs nothing from a source tree. In a
-checkout `vgpumgr/migrations` and `vgpumgr/xml_templates` are symlinks to the top-level directories, which
-is also what setuptools copies into the wheel.
+checkout `vgpumgr/migrations`, `vgpumgr/xml_templates` and `vgpumgr/systemd` are symlinks to the top-level
+directories (`systemd` to `scripts/systemd`); setuptools copies what they point to into the wheel.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vgpumgr.errors import Unavailable
 
-DATA_DIRS = ("migrations", "xml_templates")
+DATA_DIRS = ("migrations", "xml_templates", "systemd")
 
 
 def data_dir(name: str) -> Path:
