@@ -116,3 +116,13 @@ def test_serve_on_a_unix_socket(installed: Path, tmp_path: Path) -> None:
         _, err = server.communicate(timeout=15)
     # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught (systemd counts that as success)
     assert server.returncode in (0, -signal.SIGTERM) and "Traceback" not in err, err
+
+
+def test_install_units_from_the_wheel(installed: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "units"
+    dest.mkdir()
+    written = json.loads(_run(installed, tmp_path, "install-units", "--dest", str(dest), "--json"))
+    assert written["executable"] == str(installed / "vgpumgr")  # found without --bin: the running entry point
+    assert sorted(Path(p).name for p in written["units"]) == ["vgpumgr-restore.service", "vgpumgr.service",
+                                                              "vgpumgr.socket"]
+    assert f"ExecStart={installed / 'vgpumgr'} restore" in (dest / "vgpumgr-restore.service").read_text()
