@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from vgpumgr.config import Config
@@ -13,30 +14,72 @@ DEFAULT_PORT = 8470
 DEFAULT_SOCKET = "/run/vgpumgr/api.sock"
 
 
+SD_LISTEN_FDS_START = 3  # systemd passes sockets from fd 3 on (sd_listen_fds(3))
+SOCKET_MODE = 0o660
+
+
+def systemd_socket() -> socket.socket | None:
+    """The listening socket systemd passed (vgpumgr.socket), if this process was socket-activated.
+
+    LISTEN_PID must name this process, so a variable inherited by accident is ignored; the variables are
+    then removed, so that children do not take the socket for theirs."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    count = os.environ.get("LISTEN_FDS", "0")
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    if count != "1":
+        raise InvalidInput(f"systemd passed {count} sockets (LISTEN_FDS), vgpumgr serves exactly one",
+                           hint="give vgpumgr.socket a single ListenStream= line")
+    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    if sock.type != socket.SOCK_STREAM:
+        raise InvalidInput("the socket systemd passed is not a stream socket",
+                           hint="use ListenStream= in vgpumgr.socket")
+    os.set_inheritable(sock.fileno(), False)
+    return sock
+
+
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening unix socket at `path`, created rw for owner and group only (never world-accessible,
+    not even for a moment: the mode comes from the umask at bind time)."""
+    sock_path = Path(path)
+    sock_path.parent.mkdir(parents=True, exist_ok=True)
+    if sock_path.is_socket():
+        sock_path.unlink()  # left over from a previous run; bind() cannot reuse it
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~SOCKET_MODE)
+    try:
+        sock.bind(str(sock_path))
+    except OSError as exc:
+        sock.close()
+        raise InvalidInput(f"cannot listen on {sock_path}: {exc.strerror}",
+                           hint="choose a path in a writable directory, or remove what is there") from exc
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    return sock
+
+
 def serve(cfg: Config | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, uds: str | None = None,
           log_level: str = "info") -> None:
-    """Serve until interrupted. With `uds`, listen on that unix socket (mode 0660) instead of TCP."""
+    """Serve until interrupted. With `uds`, listen on that unix socket (mode 0660) instead of TCP; a socket
+    passed by systemd socket activation (LISTEN_FDS) is used in preference to both."""
     import uvicorn
 
     from api.app import create_app
 
     if not 0 < port < 65536:
         raise InvalidInput(f"port {port} is out of range", hint="use 1-65535; the default is 8470")
+    sock = systemd_socket() or (bind_unix_socket(uds) if uds else None)
     app = create_app(cfg)
-    if uds:
-        sock = Path(uds)
-        sock.parent.mkdir(parents=True, exist_ok=True)
-        if sock.is_socket():
-            sock.unlink()  # left over from a previous run; uvicorn cannot bind over it
-        config = uvicorn.Config(app, uds=str(sock), log_level=log_level, access_log=False)
-        server = uvicorn.Server(config)
-        old = os.umask(0o117)  # the socket is created rw for owner and group only
-        try:
-            server.run()
-        finally:
-            os.umask(old)
+    if sock is None:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
         return
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,10 +26,10 @@ from lxml import etree
 
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput
+from vgpumgr.resources import data_dir
 
 NS = "https://vgpumgr.dev/xmlns/vgpumgr/1"
 NS_PREFIX = "vgpumgr"
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "xml_templates"
 DOMAIN_RNG = Path(os.environ.get("VGPUMGR_DOMAIN_RNG", "/usr/share/libvirt/schemas/domain.rng"))
 
 HOSTDEV_KINDS = ("passthrough", "mdev", "nvidia-vf")
@@ -73,12 +73,12 @@ class VmSpec:
 # -- templates and XML-backed device classes -------------------------------------------------------------
 @functools.cache
 def _template_tree(name: str) -> etree._Element:
-    path = TEMPLATE_DIR / name
+    path = data_dir("xml_templates") / name
     try:
         return etree.parse(str(path), etree.XMLParser(remove_blank_text=True)).getroot()
     except OSError as exc:
         raise InvalidInput(f"XML template {path} cannot be read: {exc}",
-                           hint="reinstall vgpumgr; xml_templates/ belongs next to the package") from exc
+                           hint="reinstall vgpumgr; xml_templates/ ships inside the package") from exc
 
 
 def template(name: str) -> etree._Element:

@@ -15,6 +15,11 @@ class Sriov:
     vfs: list[str] = field(default_factory=list)
 
 
+def unnamed(vendor: str, device: str) -> str:
+    """The model name of a device that neither NVML, udev's hwdb nor pci.ids knows."""
+    return f"PCI device {vendor}:{device}"
+
+
 @dataclass
 class Gpu:
     address: str

@@ -37,7 +37,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.records": ("place", "vgpu", "release", "placements", "license", "licence", "audit", "reconcile",
                             "db", "mig", "scheduler"),
     "vgpumgr.cli.vm": ("vm",),
-    "vgpumgr.cli.service": ("serve", "token"),
+    "vgpumgr.cli.service": ("serve", "token", "install-units"),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 

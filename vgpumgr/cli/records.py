@@ -97,8 +97,10 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("state", choices=("on", "off"))
 
     sch = group("scheduler", "vGPU time-slice scheduler (through NVML)")
-    p = cmd(sch, ("scheduler", "show"), "vgpumgr.cli.records:scheduler_show", "scheduler state of a GPU")
-    p.add_argument("gpu", metavar="BDF")
+    p = cmd(sch, ("scheduler", "show"), "vgpumgr.cli.records:scheduler_show",
+            "scheduler state of a GPU (JSON), or of every GPU NVML knows")
+    p.add_argument("gpu", metavar="BDF", nargs="?", help="one GPU (default: all of them, as a table)")
+    p.add_argument("--json", action="store_true")
     p = cmd(sch, ("scheduler", "set"), "vgpumgr.cli.records:scheduler_set", "set a GPU's scheduler")
     p.add_argument("gpu", metavar="BDF")
     p.add_argument("policy", choices=("best-effort", "equal-share", "fixed-share"))
@@ -465,7 +467,22 @@ def scheduler_show(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr import ids
 
     _, layer = _layer(args)
-    dump_json(out, layer.scheduler(ids.pci_address(args.gpu)))
+    if args.gpu:
+        dump_json(out, layer.scheduler(ids.pci_address(args.gpu)))
+        return 0
+    gpus = layer.gpus()
+    schedulers = {a: (g.get("vgpu") or {}).get("scheduler") for a, g in sorted(gpus.items())}
+    if args.json:
+        dump_json(out, schedulers)
+        return 0
+    rows = []
+    for a, sch in schedulers.items():
+        if sch is None:  # not a vGPU host driver, or a GPU without time-sliced vGPUs
+            rows.append([a, gpus[a].get("name"), None, None, None, None])
+            continue
+        rows.append([a, gpus[a].get("name"), sch["policy"], "on" if sch["arr"] else "off", sch["timeslice_ns"],
+                     ",".join(sch["supported_policies"] or []) or None])
+    table(out, ["GPU", "NAME", "POLICY", "ARR", "TIMESLICE_NS", "SUPPORTED"], rows, empty="no GPUs known to NVML")
     return 0
 
 

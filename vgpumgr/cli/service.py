@@ -23,6 +23,11 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--json", action="store_true")
     p = cmd(tok, ("token", "revoke"), "vgpumgr.cli.service:token_revoke", "revoke a token")
     p.add_argument("name")
+    p = cmd(sub, ("install-units",), "vgpumgr.cli.service:install_units",
+            "write the systemd units (API socket and service, boot-time restore) for this installation")
+    p.add_argument("--dest", metavar="DIR", default="/etc/systemd/system", help="where to write them")
+    p.add_argument("--bin", metavar="PATH", help="the vgpumgr executable the units run (default: this one)")
+    p.add_argument("--json", action="store_true")
 
 
 def _cfg(args: argparse.Namespace):  # noqa: ANN202
@@ -66,4 +71,21 @@ def token_revoke(args: argparse.Namespace, out: TextIO) -> int:
 
     revoke_token(_cfg(args), args.name)
     out.write(f"token {args.name} revoked\n")
+    return 0
+
+
+def install_units(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr import systemd_units
+
+    exe = systemd_units.check_executable(args.bin or systemd_units.default_executable())
+    written = systemd_units.install(args.dest, exe)
+    if args.json:
+        dump_json(out, {"executable": str(exe), "units": [str(p) for p in written]})
+        return 0
+    for p in written:
+        out.write(f"wrote {p}\n")
+    out.write(f"the units run {exe}; enable them with:\n"
+              "  systemctl daemon-reload\n"
+              "  systemctl enable --now vgpumgr.socket\n"
+              "  systemctl enable vgpumgr-restore.service   # runs `vgpumgr restore` at the next boot\n")
     return 0

@@ -19,10 +19,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from vgpumgr.errors import InvalidInput
 from vgpumgr.locking import state_dir
+from vgpumgr.resources import data_dir
 
 DB_FILE = "vgpumgr.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = data_dir("migrations")
 # The newest migration. Stamped here so that a start can compare it with the database's revision
 # without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
 SCHEMA_REVISION = "0003_audit_checkpoints"

@@ -6,7 +6,7 @@ import os
 
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int
 from vgpumgr.host import Host
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, Gpu, Sriov
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, Gpu, Sriov, unnamed
 
 DISPLAY_CLASS = 0x03
 
@@ -73,7 +73,8 @@ def discover_gpus(host: Host) -> list[Gpu]:
 
 
 class PciNames:
-    """Model names: udev's hwdb (through pyudev) on a real root, else the pci.ids file under the root."""
+    """Model names: udev's hwdb (through pyudev) on a real root, else the pci.ids file under the root.
+    NVML's name, where NVML knows the GPU, replaces these later (nvml_facts.merge_facts)."""
 
     PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
 
@@ -87,7 +88,7 @@ class PciNames:
         key = (vendor, device)
         if key not in self._cache:
             self._cache[key] = ((self.from_udev(address) if address else None)
-                                or self._from_pci_ids(vendor, device) or f"PCI device {vendor}:{device}")
+                                or self._from_pci_ids(vendor, device) or unnamed(vendor, device))
         return self._cache[key]
 
     def from_udev(self, address: str) -> str | None:
