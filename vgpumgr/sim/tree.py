@@ -19,8 +19,13 @@ INTEL = "8086"
 
 
 def write(path: Path, content: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content)
+    try:
+        f = open(path, "w")
+    except FileNotFoundError:  # first file of a new directory: make it only then (keeps `sim create` fast)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "w")
+    with f:
+        f.write(content)
 
 
 def update(path: Path, content: str) -> None:
@@ -179,15 +184,16 @@ class SimTree:
 
     def add_type(self, pdir: Path, type_dir: str, name: str | None, description: str | None,
                  available: int) -> None:
-        t = pdir / "mdev_supported_types" / type_dir
+        t = os.path.join(pdir, "mdev_supported_types", type_dir)
+        os.makedirs(os.path.join(t, "devices"), exist_ok=True)  # once, not per file: thousands of types per host
+        files = {"device_api": "vfio-pci\n", "available_instances": f"{available}\n", "create": ""}
         if name is not None:
-            write(t / "name", f"{name}\n")
+            files["name"] = f"{name}\n"
         if description is not None:
-            write(t / "description", description if description.endswith("\n") else description + "\n")
-        write(t / "device_api", "vfio-pci\n")
-        write(t / "available_instances", f"{available}\n")
-        write(t / "create", "")
-        (t / "devices").mkdir(exist_ok=True)
+            files["description"] = description if description.endswith("\n") else description + "\n"
+        for fname, content in files.items():
+            with open(os.path.join(t, fname), "w") as f:
+                f.write(content)
 
     def add_virtual_parent(self, name: str) -> Path:
         pdir = self.sys / f"devices/virtual/{name}/{name}"
