@@ -178,6 +178,35 @@ class SimTree:
         (self.sys / "bus/pci/devices" / address).unlink()
         _rmtree(d)
 
+    def renumber_iommu_groups(self) -> dict[str, tuple[int, int]]:
+        """Number the groups as a boot does: the IOMMU driver meets the PCI functions in bus order and
+        gives each the lowest free number, so the survivors of a reboot get first.., first+1, ... in
+        BDF order and functions created later (VFs, mdevs) take the numbers after them. Returns
+        {address: (old, new)} for the functions whose number changed."""
+        groups = self.sys / "kernel/iommu_groups"
+        vfio = self.root / "dev/vfio"
+        devices = sorted(os.listdir(self.sys / "bus/pci/devices"), key=bdf_split)
+        old = {a: int(os.path.basename(os.readlink(self.device_dir(a) / "iommu_group"))) for a in devices}
+        on_vfio = {a for a in devices if (self.device_dir(a) / "driver").is_symlink()
+                   and os.path.basename(os.readlink(self.device_dir(a) / "driver")) == "vfio-pci"}
+        for g in os.listdir(groups):  # a boot starts with no groups and no /dev/vfio nodes but the container
+            _rmtree(groups / g)
+        for node in os.listdir(vfio):
+            if node != "vfio":
+                (vfio / node).unlink()
+        first = self.state.get("first_iommu_group", 10)
+        changed = {}
+        for n, address in enumerate(devices, start=first):
+            d = self.device_dir(address)
+            link(d / "iommu_group", groups / str(n))
+            link(groups / str(n) / "devices" / address, d)
+            write(vfio / f".group-{n}", "")
+            if address in on_vfio:
+                write(vfio / str(n), "")
+            if old[address] != n:
+                changed[address] = (old[address], n)
+        return changed
+
     # -- mdev parents and types -----------------------------------------------------------------
     def register_parent(self, parent: str, pdir: Path) -> None:
         link(self.sys / "class/mdev_bus" / parent, pdir)
