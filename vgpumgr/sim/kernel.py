@@ -12,6 +12,7 @@ import fcntl
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import rules
@@ -229,7 +230,7 @@ def _held(root: Path, target: str) -> bool:
     return False
 
 
-def reboot(root: Path) -> dict:
+def reboot(root: Path) -> dict[str, Any]:
     """A host reboot or driver reload: see vgpumgr.sim.reboot (kept here for existing callers)."""
     from vgpumgr.sim.reboot import reboot as _reboot
 
