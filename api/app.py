@@ -34,6 +34,7 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.rolled_back_at_start = service.reap_dead_reservations(actor="vgpumgr:start")
         app.state.inventory_updates = watcher.start() if watch else "ttl"
         try:
             yield
