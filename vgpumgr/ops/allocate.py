@@ -98,6 +98,7 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
                 row_id = row.id
         if c is None:
             raise err
+        leases.crash_point("reserved")
         try:
             if c.backend == BACKEND_MDEV:
                 mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
@@ -108,6 +109,7 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
             svc.invalidate()
             raise
         svc.touch(c.gpu, c.parent)
+        leases.crash_point("created")
         with svc.tx() as s:
             row = s.get(AllocRow, row_id)
             store.activate(s, row, keep_owner=leases.is_holding())

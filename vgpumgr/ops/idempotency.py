@@ -76,6 +76,7 @@ def run_once(svc: Context, *, caller: str, key: str, fingerprint: str,
     claim_id, nonce, stored = _claim(svc, caller, key, fingerprint)
     if stored is not None:
         return stored[0], stored[1], True
+    leases.crash_point("claimed")
     try:
         status, body = run(f"idem:{nonce}")
     except BaseException:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops.context import FAILED, OK, Context
 from vgpumgr.ops.records import allocation_dict
 
+CRASH_POINT_ENV = "VGPUMGR_TEST_CRASH_POINT"  # tests only: "NAME:SECONDS" pauses there (tests/test_crash.py)
 LEASE_ENV = "VGPUMGR_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 600.0
 ROLLBACK = "vgpu.rollback"
@@ -117,6 +119,15 @@ def why_dead(svc: Context, row: Any, now: datetime) -> str | None:
     if not owner_alive(row.owner_boot, row.owner_pid, row.owner_started):
         return f"{who} is gone (killed or crashed mid-operation)"
     return None
+
+
+def crash_point(name: str) -> None:
+    """A named point inside a crash window. When VGPUMGR_TEST_CRASH_POINT names it, say so on stderr and
+    pause, so a test can SIGKILL the process right there."""
+    spec = os.environ.get(CRASH_POINT_ENV)
+    if spec and spec.partition(":")[0] == name:
+        os.write(2, f"vgpumgr-crash-point {name}\n".encode())
+        time.sleep(float(spec.partition(":")[2] or 1.0))
 
 
 # -- operations that keep their owner past activation ----------------------------------------------

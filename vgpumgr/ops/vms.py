@@ -63,8 +63,10 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
         spec.hostdevs = [hostdev_for(a, display and i == 0) for i, a in enumerate(made)]
         spec.allocations = [metadata_for(a) for a in made]
         xml = render(spec)
+        leases.crash_point("allocated")
         virt.define(xml)
         defined = True
+        leases.crash_point("defined")
         if start:
             virt.start(name)
             started = True
@@ -126,6 +128,7 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
         virt.stop(name)
     if exists:
         virt.undefine(name)
+        leases.crash_point("undefined")
     released = []
     for a in alloc.allocations(svc, vm=name, live=True):
         ref = a["uuid"] or a["pci_address"]
