@@ -287,6 +287,9 @@ def _wait_socket(sock: str, pid: int | None = None, timeout: float = 30.0) -> No
 
 
 def test_killed_rest_creates_are_cleaned_up_by_the_service_start(host: Host, tmp_path: Path) -> None:
+    import uvicorn  # noqa: F401 - imported once here, not in every forked server
+
+    from api import app  # noqa: F401
     from api.tokens import create_token
 
     h = host
@@ -330,3 +333,52 @@ def test_killed_rest_creates_are_cleaned_up_by_the_service_start(host: Host, tmp
         p.wait(10)
     h.svc.invalidate()
     assert_clean(h, "after the retried request")
+
+
+# -- owners and leases, without killing anything ----------------------------------------------------------------
+
+def _owned_by(h: Host, owners: list[tuple[int, int | None, float]]) -> list[str]:
+    """vm create allocations, each handed to a process (pid, start time, lease seconds) as if it had made it."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from vgpumgr.db.models import Allocation, utcnow
+    from vgpumgr.ops import leases
+
+    with leases.holding():
+        made = [h.svc.allocate(TYPE, vm=h.name("vm")) for _ in owners]
+    with h.svc.tx() as s:
+        for a, (pid, started, seconds) in zip(made, owners, strict=True):
+            s.execute(update(Allocation).where(Allocation.id == a["id"]).values(
+                owner_pid=pid, owner_started=started, lease_until=utcnow() + timedelta(seconds=seconds)))
+    return [a["uuid"] for a in made]
+
+
+def test_a_live_owner_keeps_its_reservation_until_its_lease_expires(host: Host) -> None:
+    from vgpumgr.ops import leases
+
+    h, parent = host, os.getppid()
+    started = leases.start_time(parent) or 0
+    # alive; alive but its lease ran out; the same pid started at another time (a reused pid)
+    held, expired, reused_pid = _owned_by(h, [(parent, started, 60), (parent, started, -1),
+                                              (parent, started + 1, 60)])
+    dead = {d.ref: d.reason for d in leases.find_dead(h.svc)}
+    assert held not in dead
+    assert "expired" in dead[expired] and "is gone" in dead[reused_pid]
+    done = h.svc.reap_dead_reservations()
+    assert {d["ref"] for d in done} == {expired, reused_pid} and all(d["device_removed"] for d in done)
+    assert {m.uuid for m in discover_mdevs(h.cfg.host)} == {held}
+    assert [a["uuid"] for a in h.svc.allocations(live=True)] == [held]
+
+
+def test_reconcile_reports_dead_reservations_as_their_own_kind(host: Host) -> None:
+    from vgpumgr.ops import leases
+
+    h = host
+    [gone] = _owned_by(h, [(2**22 + 7, 1, 60)])  # no such pid
+    r = h.svc.reconcile()
+    assert [d["ref"] for d in r["dead_reservations"]] == [gone] and r["missing"] == [] and r["unknown"] == []
+    out = subprocess.run([VGPUMGR, *h.args, "reconcile"], capture_output=True, text=True)
+    assert out.returncode == 10 and "dead reservations: 1" in out.stdout and gone in out.stdout, out.stdout
+    assert leases.find_dead(h.svc)  # reporting changed nothing
