@@ -31,9 +31,12 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
     if service is None:
         service = Service(cfg or Config.resolve())
     watcher = InventoryWatcher(service)
+    # before the server binds its socket: a client that can connect finds no dead reservation left
+    rolled_back_at_start = service.reap_dead_reservations(actor="vgpumgr:start")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.rolled_back_at_start = rolled_back_at_start
         app.state.inventory_updates = watcher.start() if watch else "ttl"
         try:
             yield

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request
 
 from api import hookops
 from api.auth import READ, VGPU_WRITE, require
 from api.deps import idempotency_key, service
+from api.idempotent import idempotent
 from api.schemas import (
     DomainHook,
     PassthroughCreate,
@@ -94,19 +95,24 @@ def create_vgpu(body: VgpuCreate, request: Request, key: str | None = Depends(id
     if token.role == HOOK and not body.vm:
         raise PermissionDenied("a hook token may only allocate vGPUs for a named VM", hint="set `vm`")
     started = time.perf_counter()
-    result = svc.allocate(body.type, vm=body.vm, policy=policy_of(body.policy), idempotency_key=key,
-                          uuid=body.uuid, actor=token.actor)
+
+    def run(alloc_key: str | None) -> tuple[int, Any]:
+        return 201, svc.allocate(body.type, vm=body.vm, policy=policy_of(body.policy), idempotency_key=alloc_key,
+                                 uuid=body.uuid, actor=token.actor)
+
+    result = idempotent(request, svc, token, key, body, run)
     request.app.state.metrics.observe_allocation(time.perf_counter() - started)
     return result
 
 
 @router.post("/vgpus/passthrough", status_code=201, tags=["vgpus"])
-def create_passthrough(body: PassthroughCreate, key: str | None = Depends(idempotency_key),
+def create_passthrough(body: PassthroughCreate, request: Request, key: str | None = Depends(idempotency_key),
                        svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
                        ) -> dict[str, Any]:
     if token.role == HOOK and not body.vm:
         raise PermissionDenied("a hook token may only allocate GPUs for a named VM", hint="set `vm`")
-    return svc.allocate_passthrough(body.address, vm=body.vm, idempotency_key=key, actor=token.actor)
+    return idempotent(request, svc, token, key, body, lambda k: (
+        201, svc.allocate_passthrough(body.address, vm=body.vm, idempotency_key=k, actor=token.actor)))
 
 
 def _ref(ref: str) -> str:
@@ -153,13 +159,15 @@ def preview_placement(body: PlacementRequest, svc: Service = Depends(service),
 
 # -- hooks ---------------------------------------------------------------------------------------------
 @router.post("/hooks/ensure", tags=["hooks"])
-def hook_ensure(body: VgpuEnsure, response: Response, key: str | None = Depends(idempotency_key),
+def hook_ensure(body: VgpuEnsure, request: Request, key: str | None = Depends(idempotency_key),
                 svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
     """Make sure mdev `uuid` exists for `vm` (201 when it had to be created, 200 when it was there)."""
-    alloc, created = hookops.ensure(svc, uuid=body.uuid, type_name=body.type, vm=body.vm, parent=body.parent,
-                                    idempotency_key=key, actor=token.actor)
-    response.status_code = 201 if created else 200
-    return alloc
+    def run(alloc_key: str | None) -> tuple[int, Any]:
+        alloc, created = hookops.ensure(svc, uuid=body.uuid, type_name=body.type, vm=body.vm, parent=body.parent,
+                                        idempotency_key=alloc_key, actor=token.actor)
+        return (201 if created else 200), alloc
+
+    return idempotent(request, svc, token, key, body, run)
 
 
 @router.post("/hooks/release", tags=["hooks"])
@@ -170,10 +178,11 @@ def hook_release(body: VmRelease, svc: Service = Depends(service), token: Token 
 
 
 @router.post("/hooks/libvirt/prepare", tags=["hooks"])
-def hook_libvirt_prepare(body: DomainHook, key: str | None = Depends(idempotency_key),
+def hook_libvirt_prepare(body: DomainHook, request: Request, key: str | None = Depends(idempotency_key),
                          svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
                          ) -> dict[str, Any]:
-    return hookops.libvirt_prepare(svc, body.domain, body.xml, actor=token.actor, key_prefix=key)
+    return idempotent(request, svc, token, key, body, lambda k: (
+        200, hookops.libvirt_prepare(svc, body.domain, body.xml, actor=token.actor, key_prefix=k)))
 
 
 @router.post("/hooks/libvirt/release", tags=["hooks"])

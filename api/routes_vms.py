@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Path, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 
 from api.auth import READ, VM_WRITE, require
 from api.deps import idempotency_key, service
+from api.idempotent import idempotent
 from api.schemas import VmAttach, VmCreate, policy_of
 from api.tokens import Token
 from vgpumgr.service import Service
@@ -22,16 +23,18 @@ def list_vms(svc: Service = Depends(service), _: Token = Depends(require(*READ))
 
 
 @router.post("", status_code=201)
-def create_vm(body: VmCreate, response: Response, key: str | None = Depends(idempotency_key),
+def create_vm(body: VmCreate, request: Request, key: str | None = Depends(idempotency_key),
               svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
     """Place and create the VM's GPU devices, define it (and start it). `print_xml` only renders the XML."""
-    result = svc.create_vm(body.name, vgpus=body.vgpus, passthrough=body.passthrough, mig=body.mig,
-                           memory_mib=body.memory_mib, vcpus=body.vcpus, disk=body.disk, network=body.network,
-                           firmware=body.firmware, display=body.display, policy=policy_of(body.policy),
-                           start=body.start, print_xml=body.print_xml, idempotency_key=key, actor=token.actor)
-    if body.print_xml:
-        response.status_code = 200
-    return result
+    def run(alloc_key: str | None) -> tuple[int, Any]:
+        result = svc.create_vm(body.name, vgpus=body.vgpus, passthrough=body.passthrough, mig=body.mig,
+                               memory_mib=body.memory_mib, vcpus=body.vcpus, disk=body.disk, network=body.network,
+                               firmware=body.firmware, display=body.display, policy=policy_of(body.policy),
+                               start=body.start, print_xml=body.print_xml, idempotency_key=alloc_key,
+                               actor=token.actor)
+        return (200 if body.print_xml else 201), result
+
+    return idempotent(request, svc, token, key, body, run)
 
 
 @router.get("/{name}")

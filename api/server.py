@@ -70,8 +70,8 @@ def serve(cfg: Config | None = None, host: str = DEFAULT_HOST, port: int = DEFAU
 
     if not 0 < port < 65536:
         raise InvalidInput(f"port {port} is out of range", hint="use 1-65535; the default is 8470")
-    sock = systemd_socket() or (bind_unix_socket(uds) if uds else None)
     app = create_app(cfg)
+    sock = systemd_socket() or (bind_unix_socket(uds) if uds else None)
     if sock is None:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
         return

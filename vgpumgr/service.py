@@ -12,6 +12,8 @@ from vgpumgr import audit, checkpoints
 from vgpumgr.config import Config
 from vgpumgr.db.session import ensure_schema, session_factory
 from vgpumgr.ops import allocate as alloc_ops
+from vgpumgr.ops import idempotency as idem_ops
+from vgpumgr.ops import leases as lease_ops
 from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops import reconcile as reconcile_ops
 from vgpumgr.ops import vms as vm_ops
@@ -44,6 +46,8 @@ class Service(Context):
     free_gpu_instances = mig_ops.free_gpu_instances
 
     reconcile = reconcile_ops.reconcile
+    reap_dead_reservations = lease_ops.reap_locked
+    run_once = idem_ops.run_once
 
 
 def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None = None, vm: str | None = None,

@@ -24,7 +24,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--type", required=True, metavar="TYPE")
     p.add_argument("--vm", metavar="NAME")
     p.add_argument("--uuid", metavar="UUID", help="mdev UUID to use")
-    p.add_argument("--idempotency-key", metavar="KEY", help="a retry with the same key gets the same vGPU")
+    p.add_argument("--idempotency-key", metavar="KEY",
+                   help="a retry of the same command with the same key gets the same vGPU (keys expire after "
+                   "VGPUMGR_IDEMPOTENCY_TTL s, default 24 h)")
     _policy_args(p)
     p.add_argument("--json", action="store_true")
     p = cmd(sub, ("release",), "vgpumgr.cli.records:release", "remove a recorded vGPU and release its seat")
@@ -68,7 +70,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     fmt.add_argument("--csv", action="store_true")
 
     p = cmd(sub, ("reconcile",), "vgpumgr.cli.records:reconcile", "compare records with the host's devices")
-    p.add_argument("--fix", action="store_true", help="re-create recorded vGPUs that vanished, with their UUIDs")
+    p.add_argument("--fix", action="store_true",
+                   help="re-create recorded vGPUs that vanished, with their UUIDs; roll back dead reservations")
     p.add_argument("--remove-unknown", action="store_true", help="with --fix: remove devices nobody recorded")
     p.add_argument("--json", action="store_true")
 
@@ -131,8 +134,21 @@ def place(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def vgpu_create(args: argparse.Namespace, out: TextIO) -> int:
-    a = service(args).allocate(args.type, vm=args.vm, policy=policy_from(args), uuid=args.uuid,
-                               idempotency_key=args.idempotency_key)
+    svc, policy = service(args), policy_from(args)
+
+    def run(key: str | None) -> tuple[int, Any]:
+        return 0, svc.allocate(args.type, vm=args.vm, policy=policy, uuid=args.uuid, idempotency_key=key)
+
+    if args.idempotency_key is None:
+        a = run(None)[1]
+    else:  # the key is the CLI actor's, bound to these arguments
+        import dataclasses
+
+        from vgpumgr.ops.idempotency import fingerprint
+
+        pol = {k: sorted(v) if isinstance(v, frozenset | tuple) else v for k, v in dataclasses.asdict(policy).items()}
+        fp = fingerprint("CLI", "vgpu", {"type": args.type, "vm": args.vm, "uuid": args.uuid, "policy": pol})
+        a = svc.run_once(caller=svc.cfg.actor, key=args.idempotency_key, fingerprint=fp, run=run)[1]
     if args.json:
         dump_json(out, a)
     else:
@@ -330,6 +346,10 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"recorded vGPUs missing on the host: {len(r['missing'])}\n")
         for a in r["missing_detail"]:
             out.write(f"  {_ref(a)}  {a['type_name'] or a['type']} on {a['parent']} (VM {a['vm'] or '-'})\n")
+        out.write(f"dead reservations: {len(r['dead_reservations'])}\n")
+        for d in r["dead_reservations"]:
+            done = f" -> {d['action']}" if "action" in d else ""
+            out.write(f"  {d['ref']}  {d['state']} for VM {d['vm'] or '-'}: {d['reason']}{done}\n")
         out.write(f"devices nobody recorded: {len(r['unknown'])}\n")
         for u in r["unknown"]:
             out.write(f"  {u.get('uuid') or u.get('address')}  {u.get('type')} on {u.get('parent') or u.get('gpu')}\n")
@@ -339,7 +359,7 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"  error: {e}\n")
     if r["errors"]:
         return 1
-    return 0 if (args.fix or not (r["missing"] or r["unknown"])) else 10
+    return 0 if (args.fix or not (r["missing"] or r["unknown"] or r["dead_reservations"])) else 10
 
 
 def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:

@@ -47,6 +47,7 @@ GENESIS_HASH = "0" * 64
 # The same predicate on both dialects: a row holds its device while it is reserved or active.
 _LIVE = text("state IN ('reserved', 'active')")
 _HELD = text("released_at IS NULL")
+_LEASED = text("owner_pid IS NOT NULL")
 
 
 def utcnow() -> datetime:
@@ -201,6 +202,7 @@ class Allocation(Base):
         Index("ix_allocations_host_state", "host_id", "state"),
         Index("ix_allocations_vm", "vm_id"),
         Index("ix_allocations_lease", "lease_id"),
+        Index("ix_allocations_leased", "host_id", sqlite_where=_LEASED, postgresql_where=_LEASED),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -221,10 +223,45 @@ class Allocation(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     activated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The reservation's owner while an operation is in flight (reserve -> activate, or vm create -> define,
+    # vm delete -> release): a process identified by host, boot, pid and start time, and a lease expiry.
+    # NULL once the operation finished; a row still owned by a dead process or past its lease is rolled back.
+    owner_host: Mapped[str | None] = mapped_column(String(255))
+    owner_boot: Mapped[str | None] = mapped_column(String(36))
+    owner_pid: Mapped[int | None] = mapped_column(Integer)
+    owner_started: Mapped[int | None] = mapped_column(BigInteger)
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     @property
     def live(self) -> bool:
         return self.state in LIVE_STATES
+
+
+class IdempotencyKey(Base):
+    """One Idempotency-Key of one caller, bound to the fingerprint of the request that first used it.
+
+    `response` is NULL while the request runs (then `owner_*` names the process running it); `nonce` derives
+    the allocation keys of that request, so a retry after a crash finds what the first attempt made."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (
+        UniqueConstraint("host_id", "key", name="uq_idempotency_keys_host_key"),
+        Index("ix_idempotency_keys_expires", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(128))
+    caller: Mapped[str] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    nonce: Mapped[str] = mapped_column(String(32))
+    status: Mapped[int | None] = mapped_column(Integer)
+    response: Mapped[Any | None] = mapped_column(JSON)
+    owner_boot: Mapped[str | None] = mapped_column(String(36))
+    owner_pid: Mapped[int | None] = mapped_column(Integer)
+    owner_started: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class AuditEvent(Base):

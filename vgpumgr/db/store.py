@@ -176,10 +176,12 @@ def reserve_allocation(session: Session, host: Host | int, *, backend: str, pare
                        uuid: str | None = None, pci_address: str | None = None, gpu: Gpu | int | None = None,
                        vm: Vm | int | None = None, type_name: str | None = None, series: str | None = None,
                        idempotency_key: str | None = None, detail: dict[str, Any] | None = None,
-                       lease: LicenceLease | int | None = None) -> Allocation:
+                       lease: LicenceLease | int | None = None, owner: dict[str, Any] | None = None
+                       ) -> Allocation:
     """Write a `reserved` allocation (one INSERT). The database refuses a second live allocation of the
     same mdev UUID or PCI function, and a reused idempotency key; both surface as Conflict, and the
-    caller's transaction stays usable. `lease`: the seat licensing.acquire() took for it."""
+    caller's transaction stays usable. `lease`: the seat licensing.acquire() took for it. `owner`: the
+    reservation's owner columns (see `owner_values`), so a crash before activation can be rolled back."""
     if backend not in BACKENDS:
         raise InvalidInput(f"backend '{backend}' is unknown", hint=f"use one of {', '.join(BACKENDS)}")
     parent = ids.parent_name(parent)
@@ -197,7 +199,8 @@ def reserve_allocation(session: Session, host: Host | int, *, backend: str, pare
               "pci_address": pci_address, "gpu_id": None if gpu is None else _id(gpu),
               "vm_id": None if vm is None else _id(vm), "lease_id": None if lease is None else _id(lease),
               "type_name": type_name, "series": series, "idempotency_key": idempotency_key, "detail": detail,
-              "state": ALLOC_RESERVED, "created_at": utcnow(), "activated_at": None, "released_at": None}
+              "state": ALLOC_RESERVED, "created_at": utcnow(), "activated_at": None, "released_at": None,
+              **(owner or NO_OWNER)}
     conn = session.connection()
     new_id = conn.execute(_RESERVE[conn.dialect.name], values).scalar()
     if new_id is None:
@@ -219,23 +222,63 @@ def _conflict(session: Session, v: dict[str, Any]) -> Conflict:
                     hint="release it first, or let placement choose another function", pci_address=address)
 
 
+OWNER_COLUMNS = ("owner_host", "owner_boot", "owner_pid", "owner_started", "lease_until")
+NO_OWNER: dict[str, Any] = dict.fromkeys(OWNER_COLUMNS)
 _ACTIVATE = (update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state == ALLOC_RESERVED)
              .values(state=ALLOC_ACTIVE, activated_at=bindparam("at")))
+_ACTIVATE_DONE = _ACTIVATE.values(**NO_OWNER)
 _RELEASE = (update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state != ALLOC_RELEASED)
-            .values(state=ALLOC_RELEASED, released_at=bindparam("at")))
+            .values(state=ALLOC_RELEASED, released_at=bindparam("at"), **NO_OWNER))
+_IN_FLIGHT = (select(_ALLOC.c.id, _ALLOC.c.state, *(_ALLOC.c[c] for c in OWNER_COLUMNS))
+              .where(_ALLOC.c.host_id == bindparam("host_id"),
+                     (_ALLOC.c.owner_pid.is_not(None)) | (_ALLOC.c.state == ALLOC_RESERVED))
+              .order_by(_ALLOC.c.id))
 
 
-def activate(session: Session, allocation: Allocation, at: datetime | None = None) -> Allocation:
-    """reserved -> active (the device exists and is attached). Activating twice is harmless."""
+def activate(session: Session, allocation: Allocation, at: datetime | None = None, keep_owner: bool = False
+             ) -> Allocation:
+    """reserved -> active (the device exists and is attached). Activating twice is harmless.
+
+    The reservation's owner is cleared with it, unless `keep_owner` (the operation goes on: a VM is still
+    to be defined around it); then `clear_owner` ends it."""
     if allocation.state == ALLOC_RELEASED:
         raise Conflict(f"allocation {_describe(allocation)} was already released",
                        hint="reserve a new allocation instead")
     if allocation.state == ALLOC_RESERVED:
         at = at or utcnow()
-        session.connection().execute(_ACTIVATE, {"aid": allocation.id, "at": at})
+        session.connection().execute(_ACTIVATE if keep_owner else _ACTIVATE_DONE, {"aid": allocation.id, "at": at})
         set_committed_value(allocation, "state", ALLOC_ACTIVE)
         set_committed_value(allocation, "activated_at", at)
+        if not keep_owner:
+            for c in OWNER_COLUMNS:
+                set_committed_value(allocation, c, None)
     return allocation
+
+
+def in_flight(session: Session, host: Host | int) -> list[Any]:
+    """Rows some operation still owns, and `reserved` rows (with or without an owner): one indexed query.
+    Core rows with id, state and the owner columns."""
+    return list(session.connection().execute(_IN_FLIGHT, {"host_id": _id(host)}))
+
+
+def set_owner(session: Session, allocation_ids: Iterable[int], owner: dict[str, Any]) -> None:
+    """Tie live allocations to an operation in flight (e.g. `vm delete` between undefine and release)."""
+    ids_ = list(allocation_ids)
+    if ids_:
+        session.execute(update(_ALLOC).where(_ALLOC.c.id.in_(ids_), _ALLOC.c.state != ALLOC_RELEASED)
+                        .values(**owner))
+
+
+def clear_owner(session: Session, allocation_ids: Iterable[int]) -> None:
+    """The operation that owned these allocations finished: they are plain live records again."""
+    ids_ = list(allocation_ids)
+    if ids_:
+        session.execute(update(_ALLOC).where(_ALLOC.c.id.in_(ids_)).values(**NO_OWNER))
+
+
+def forget_idempotency_key(session: Session, allocation_id: int) -> None:
+    """A rolled-back allocation did not use up its request's key: a retry of that request may allocate."""
+    session.execute(update(_ALLOC).where(_ALLOC.c.id == allocation_id).values(idempotency_key=None))
 
 
 def release(session: Session, allocation: Allocation, at: datetime | None = None) -> Allocation:

@@ -19,6 +19,7 @@ from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+from vgpumgr.ops import leases
 from vgpumgr.ops.context import FAILED, Context
 from vgpumgr.ops.records import allocation_dict
 from vgpumgr.placement import Allocation as PlacedAlloc
@@ -59,6 +60,7 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
     vm = ids.vm_name(vm) if vm else None
     policy = policy or Policy()
     with svc.locked():
+        leases.reap(svc, actor)  # what a crashed process left behind (one query when nothing is in flight)
         if idempotency_key:
             found = by_key(svc, idempotency_key)
             if found is not None:
@@ -88,7 +90,7 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
                     s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
                     pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
                     type_name=c.name, series=series, idempotency_key=idempotency_key,
-                    detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})})
+                    detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
                 licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
                                   actor=actor or svc.cfg.actor, host_name=svc.hostname)
                 svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
@@ -96,6 +98,7 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
                 row_id = row.id
         if c is None:
             raise err
+        leases.crash_point("reserved")
         try:
             if c.backend == BACKEND_MDEV:
                 mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
@@ -106,9 +109,10 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
             svc.invalidate()
             raise
         svc.touch(c.gpu, c.parent)
+        leases.crash_point("created")
         with svc.tx() as s:
             row = s.get(AllocRow, row_id)
-            store.activate(s, row)
+            store.activate(s, row, keep_owner=leases.is_holding())
             svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
                        detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
             return allocation_dict(row, s)
@@ -138,6 +142,7 @@ def _rollback_allocation(svc: Context, row_id: int, error: BaseException, actor:
     with svc.tx() as s:
         row = s.get(AllocRow, row_id)
         store.release(s, row)
+        store.forget_idempotency_key(s, row_id)  # the request did not happen: its retry may allocate
         svc.event(s, audit.VGPU_CREATE, FAILED, actor=actor, gpu=(row.detail or {}).get("gpu"),
                    vm=allocation_dict(row, s)["vm"], vgpu=row.uuid or row.pci_address, error=str(error),
                    detail={"type": row.type_id, "parent": row.parent, "rolled_back": True})
@@ -149,6 +154,7 @@ def allocate_passthrough(svc: Context, address: str, *, vm: str | None = None, i
     address = ids.pci_address(address)
     vm = ids.vm_name(vm) if vm else None
     with svc.locked():
+        leases.reap(svc, actor)
         if idempotency_key:
             found = by_key(svc, idempotency_key)
             if found is not None:
@@ -173,10 +179,11 @@ def allocate_passthrough(svc: Context, address: str, *, vm: str | None = None, i
             row = store.reserve_allocation(s, h, backend=BACKEND_PASSTHROUGH, parent=address,
                                            type_id=store.PASSTHROUGH_TYPE, pci_address=address, gpu=gpu_row,
                                            vm=vm_row, type_name=g.name, series=licensing.PASSTHROUGH,
-                                           idempotency_key=idempotency_key, detail={"gpu": address})
+                                           idempotency_key=idempotency_key, detail={"gpu": address},
+                                           owner=leases.owner_values(svc) if leases.is_holding() else None)
             licensing.acquire(s, vm_row, gpu_row, licensing.PASSTHROUGH, svc.licence_mode, allocation=row,
                               actor=actor or svc.cfg.actor, host_name=svc.hostname)
-            store.activate(s, row)
+            store.activate(s, row, keep_owner=leases.is_holding())
             svc.event(s, audit.PLACEMENT, actor=actor, gpu=address, vm=vm, vgpu=address,
                        detail={"type": "passthrough", "name": g.name})
             return allocation_dict(row, s)

@@ -1,5 +1,6 @@
-"""Records against sysfs: recorded vGPUs that vanished (after a reboot or driver reload) and devices
-nobody recorded; `fix` re-creates the one and, if asked, removes the other."""
+"""Records against sysfs: recorded vGPUs that vanished (after a reboot or driver reload), devices nobody
+recorded, and dead reservations (left by a process that died mid-operation, or whose lease expired);
+`fix` re-creates the first, rolls back the third and, if asked, removes the second."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from vgpumgr.backends import nvidia_vf
 from vgpumgr.errors import VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import allocate as alloc
+from vgpumgr.ops import leases
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 
 
@@ -18,8 +20,11 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
               ) -> dict[str, Any]:
     """Compare records with sysfs: recorded vGPUs that vanished, and devices nobody recorded."""
     with svc.locked():
+        dead = leases.find_dead(svc)
+        dead_ids = {d.id for d in dead}
         inv = svc.snapshot(refresh=True).inventory
-        live = alloc.allocations(svc, live=True)
+        # A dead reservation is not "missing": its device must never be re-created, only rolled back.
+        live = [a for a in alloc.allocations(svc, live=True) if a["id"] not in dead_ids]
         mdevs = {m.uuid: m for m in inv.mdevs}
         vfs = {v.address: v for v in inv.vf_vgpus}
         missing, unknown, restored, removed, errors = [], [], [], [], []
@@ -29,9 +34,16 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
             elif a["backend"] == BACKEND_NVIDIA_VF and a["pci_address"] not in vfs:
                 missing.append(a)
         recorded = {a["uuid"] for a in live if a["uuid"]} | {a["pci_address"] for a in live if a["pci_address"]}
+        recorded |= {d.ref for d in dead}  # their devices are the rollback's to remove
+        rolled_back: list[dict[str, Any]] = []
         unknown = [m.to_json() for m in inv.mdevs if m.uuid not in recorded]
         unknown += [v.to_json() for v in inv.vf_vgpus if v.address not in recorded]
         if fix:
+            for d in dead:
+                done = leases.roll_back(svc, d, actor)
+                rolled_back.append(done)
+                if done["action"] == "failed":
+                    errors.append(f"{d.ref}: {done['error']}")
             for a in missing:
                 try:
                     if a["backend"] == BACKEND_MDEV:
@@ -55,11 +67,12 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
                         errors.append(f"{ref}: {e}")
             svc.invalidate()
         report = {"missing": [a.get("uuid") or a.get("pci_address") for a in missing],
-                  "missing_detail": missing, "unknown": unknown, "restored": restored, "removed": removed,
-                  "errors": errors, "fixed": fix}
+                  "missing_detail": missing, "unknown": unknown,
+                  "dead_reservations": rolled_back if fix else [d.as_dict() for d in dead],
+                  "restored": restored, "removed": removed, "errors": errors, "fixed": fix}
+        differs = missing or unknown or dead
         with svc.tx() as s:
-            svc.event(s, audit.RECONCILE, FAILED if errors else (WARNING if (missing or unknown) and not fix
-                                                                   else OK), actor=actor,
+            svc.event(s, audit.RECONCILE, FAILED if errors else (WARNING if differs and not fix else OK), actor=actor,
                        detail={k: v for k, v in report.items() if k != "missing_detail"})
         return report
 

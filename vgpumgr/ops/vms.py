@@ -12,6 +12,7 @@ from vgpumgr.db import store
 from vgpumgr.errors import Conflict, InvalidInput, NotFound, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import allocate as alloc
+from vgpumgr.ops import leases
 from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops.context import FAILED, Context, suppress
 from vgpumgr.ops.records import hostdev_for, is_nvidia, metadata_for
@@ -47,25 +48,31 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
     defined = started = False
     try:
         key = idempotency_key
-        for i, t in enumerate(vgpus):
-            made.append(alloc.allocate(svc, t, vm=name, policy=policy, actor=actor,
-                                      idempotency_key=f"{key}/vgpu/{i}" if key else None))
-        for i, profile in enumerate(mig):
-            made.append(mig_ops.allocate_mig(svc, profile, vm=name, policy=policy, actor=actor,
-                                          idempotency_key=f"{key}/mig/{i}" if key else None))
-        for i, addr in enumerate(passthrough):
-            made.append(alloc.allocate_passthrough(svc, addr, vm=name, actor=actor,
-                                                  idempotency_key=f"{key}/pt/{i}" if key else None))
+        # The allocations stay owned by this process until the domain is defined: if it dies in between,
+        # the next lock holder, the service start or `reconcile --fix` rolls them back.
+        with leases.holding():
+            for i, t in enumerate(vgpus):
+                made.append(alloc.allocate(svc, t, vm=name, policy=policy, actor=actor,
+                                           idempotency_key=f"{key}/vgpu/{i}" if key else None))
+            for i, profile in enumerate(mig):
+                made.append(mig_ops.allocate_mig(svc, profile, vm=name, policy=policy, actor=actor,
+                                                 idempotency_key=f"{key}/mig/{i}" if key else None))
+            for i, addr in enumerate(passthrough):
+                made.append(alloc.allocate_passthrough(svc, addr, vm=name, actor=actor,
+                                                       idempotency_key=f"{key}/pt/{i}" if key else None))
         spec.hostdevs = [hostdev_for(a, display and i == 0) for i, a in enumerate(made)]
         spec.allocations = [metadata_for(a) for a in made]
         xml = render(spec)
+        leases.crash_point("allocated")
         virt.define(xml)
         defined = True
+        leases.crash_point("defined")
         if start:
             virt.start(name)
             started = True
         with svc.tx() as s:
             store.upsert_vm(s, svc.host_id(s), name, uuid=vm_uuid, state="running" if started else "defined")
+            leases.release_hold(svc, s, [a["id"] for a in made])
             svc.event(s, audit.VM_DEFINE, actor=actor, vm=name,
                        detail={"uuid": vm_uuid, "devices": [a.get("uuid") or a.get("pci_address") for a in made]})
             if started:
@@ -111,11 +118,17 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
     name = ids.vm_name(name)
     virt = svc.virt()
     exists = virt.exists(name)
+    if exists:
+        # Owned by this process from here to their release: if it dies after the undefine, the vGPUs of a
+        # VM that no longer exists are rolled back instead of leaking.
+        with svc.locked():
+            leases.take(svc, [a["id"] for a in alloc.allocations(svc, vm=name, live=True)])
     was_running = exists and virt.state(name) in ("running", "paused")
     if was_running:
         virt.stop(name)
     if exists:
         virt.undefine(name)
+        leases.crash_point("undefined")
     released = []
     for a in alloc.allocations(svc, vm=name, live=True):
         ref = a["uuid"] or a["pci_address"]
