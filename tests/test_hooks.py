@@ -6,13 +6,14 @@ stdin. The server is `python -m api.server --uds ...` on a simulated two-T4 host
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hookserver import LIBVIRT, PROXMOX, Server, run, running_server
 from lxml import etree
 
-from hookserver import LIBVIRT, PROXMOX, Server, run, running_server
 from vgpumgr import domain
 
 GPU_A, GPU_B = "0000:3b:00.0", "0000:3d:00.0"
