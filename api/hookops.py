@@ -179,6 +179,15 @@ def libvirt_release(service: Service, domain: str, xml: str, *, grace: float = 0
 # -- Proxmox on NVIDIA's vendor-specific VFIO framework: Proxmox writes the type, vgpumgr keeps the books --
 def proxmox_check(service: Service, vm: str, type_name: str, candidates: list[str], *,
                   actor: str | None = None) -> dict[str, Any]:
+    """Proxmox runs pre-start only for a VM that is not running: VF records it still has are stale (a host
+    crash or reboot skipped post-stop) and would block its own VF, so they go first (records only)."""
+    vm = ids.vm_name(vm)
+    for a in service.allocations(vm=vm, live=True):
+        if a["backend"] == BACKEND_NVIDIA_VF:
+            try:
+                service.release(a["pci_address"], actor=actor, owner=Owner(vm, allocation_id=a["id"]))
+            except NotFound:
+                pass
     return service.check_start(type_name, vm=vm, candidates=candidates, actor=actor)
 
 

@@ -315,7 +315,7 @@ def test_hook_ensure_is_idempotent_and_recreates_after_reboot(env: ApiEnv) -> No
     stray = mdev_backend.create(env.cfg.host, GPU, "nvidia-232")
     problem(env.client.post("/v1/hooks/ensure", json={**body, "uuid": stray.uuid}, headers=h), 409)
     out = env.client.post("/v1/hooks/release", json={"vm": "pve-101"}, headers=h).json()
-    assert out == {"vm": "pve-101", "released": [body["uuid"]], "errors": []}
+    assert out == {"vm": "pve-101", "released": [body["uuid"]], "refused": [], "errors": []}
     assert env.client.get("/v1/vgpus", params={"vm": "pve-101"}, headers=h).json() == []
 
 

@@ -205,6 +205,18 @@ def test_post_start_without_a_reservation_takes_the_vf_that_holds_the_type(serve
     assert records(server, "pve-106") == []
 
 
+def test_a_start_after_a_host_crash_finds_no_stale_record_in_its_way(server: Server, qm: QemuServer) -> None:
+    assert qm.start(102, [VF4], "nvidia-1150")
+    first = records(server, "pve-102")
+    qm.stop(102, post_stop=False)  # the host went down: Proxmox's cleanup ran at boot, post-stop never did
+    assert records(server, "pve-102") == first
+    assert qm.start(102, [VF4], "nvidia-1150")
+    [rec] = records(server, "pve-102")
+    assert rec["pci_address"] == VF4 and rec["id"] != first[0]["id"]
+    qm.stop(102)
+    assert records(server, "pve-102") == [] and server.vf_types() == {}
+
+
 def test_bad_paths_mappings_and_configs_are_refused_clearly(server: Server, qm: QemuServer) -> None:
     r = run([str(PROXMOX), "102", "pre-start"], qm.env(VGPUMGR_PVE_CONF_DIR="etc/pve/qemu-server"))
     assert r.returncode == 1 and "VGPUMGR_PVE_CONF_DIR" in r.stderr and "absolute" in r.stderr

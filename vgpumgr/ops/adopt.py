@@ -119,6 +119,7 @@ def check_start(svc: Context, type_name: str, *, vm: str, candidates: list[str],
     from vgpumgr.ops.allocate import place
 
     refused: list[str] = []
+    svc.invalidate()  # Proxmox changed the VFs behind vgpumgr's back (its cleanup writes 0): read them afresh
     for vf in vfs:
         decision = place(svc, type_name, vm, Policy(pin_parent=vf))
         c = decision.choice
