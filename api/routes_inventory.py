@@ -138,10 +138,13 @@ def delete_vgpu(ref: str, grace: float = Query(default=0.0, ge=0, le=60),
     """Destroy a vGPU and release its record and licence seat. With an owner (`vm` and `allocation_id` or
     `idempotency_key`; required for hook tokens), a vGPU that has changed hands since is left alone: 409."""
     ref = _ref(ref)
+    if token.role == HOOK and svc.find_allocation(ref)["vm"] is None:
+        raise PermissionDenied(f"{ref} belongs to no VM; a hook token may only release a VM's vGPUs",
+                               hint="use an operator token")
     owner = Owner(vm, allocation_id=allocation_id, idempotency_key=idempotency_key) if vm else None
     if token.role == HOOK and owner is None:
-        raise PermissionDenied("a hook token must name the owner of the vGPU it releases",
-                               hint="pass ?vm=NAME&allocation_id=ID (or &idempotency_key=KEY)")
+        raise InvalidInput("a hook token must name the owner of the vGPU it releases",
+                           hint="pass ?vm=NAME&allocation_id=ID (or &idempotency_key=KEY)")
     if owner is None and (allocation_id is not None or idempotency_key):
         raise InvalidInput("an owner needs the VM", hint="add ?vm=NAME")
     return svc.release(ref, actor=token.actor, grace=grace, owner=owner)
