@@ -1,8 +1,10 @@
 """What the host-side hooks ask for, composed from Service calls: ensure a vGPU exists, release a VM's vGPUs.
 
 Hooks are retried and re-run (every VM start, after a host reboot), so each operation is idempotent by the
-mdev UUID: a live record whose device exists is returned as it is; a live record whose device vanished (host
-reboot) is released and created again with the same UUID on the same parent.
+mdev UUID or the VF address: a live record whose device exists is returned as it is; a live mdev record whose
+device vanished (host reboot) is created again with the same UUID on the same parent; a recorded VF that lost
+its `current_vgpu_type` gets it written again. Every release names its owner (VM and allocation id), so a
+late release never clears a vGPU the device's next VM got since.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import Conflict, InvalidInput, NotFound, VgpuError
+from vgpumgr.model import BACKEND_NVIDIA_VF
+from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX, Owner
 from vgpumgr.placement import Policy
 from vgpumgr.service import Service
 
@@ -57,46 +61,90 @@ def ensure(service: Service, *, uuid: str, type_name: str, vm: str, parent: str 
         raise
 
 
-def release_vm(service: Service, vm: str, uuids: list[str] | None = None, *, grace: float = 0.0,
+def _ref(ref: str) -> str:
+    return ids.pci_address(ref) if ids.is_pci_address(ref) else ids.mdev_uuid(ref)
+
+
+def release_vm(service: Service, vm: str, refs: list[str] | None = None, *, grace: float = 0.0,
                actor: str | None = None, check_libvirt: bool = True) -> dict[str, Any]:
-    """Release the live vGPUs of `vm` (only `uuids` when given). Errors are collected, not raised."""
+    """Release the live vGPUs of `vm` (only those whose UUID or PCI address is in `refs` when given).
+
+    Each release names its owner (the VM and the record's id): a record that changed hands between the
+    listing and the release is left alone and reported under `refused`. Other errors are collected."""
     vm = ids.vm_name(vm)
-    wanted = {ids.mdev_uuid(u) for u in uuids} if uuids is not None else None
-    released, errors = [], []
+    wanted = {_ref(r) for r in refs} if refs is not None else None
+    released, refused, errors = [], [], []
     for a in service.allocations(vm=vm, live=True):
         ref = a.get("uuid") or a.get("pci_address")
-        if wanted is not None and a.get("uuid") not in wanted:
+        if wanted is not None and ref not in wanted:
             continue
         try:
-            service.release(ref, actor=actor, grace=grace, check_libvirt=check_libvirt)
+            service.release(ref, actor=actor, grace=grace, check_libvirt=check_libvirt,
+                            owner=Owner(vm, allocation_id=a["id"]))
             released.append(ref)
         except NotFound:
             continue  # released meanwhile
+        except Conflict as e:
+            (refused if "holder" in e.detail else errors).append({"vgpu": ref, "error": e.message, "hint": e.hint})
         except VgpuError as e:
             errors.append({"vgpu": ref, "error": e.message, "hint": e.hint})
-    return {"vm": vm, "released": released, "errors": errors}
+    return {"vm": vm, "released": released, "refused": refused, "errors": errors}
 
 
-def _domain_mdevs(xml: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    from vgpumgr.domain import read_allocations, referenced_devices
+def _domain_devices(xml: str) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+    """(mdev UUIDs, unmanaged PCI hostdev addresses, vgpumgr metadata by UUID or address) of a domain."""
+    from vgpumgr.domain import _pci_from_attrs, parse_xml, read_allocations, referenced_devices
 
     try:
         uuids = referenced_devices(xml)["mdev"]
-        meta = {r["uuid"]: r for r in read_allocations(xml) if isinstance(r.get("uuid"), str)}
+        vfs = []
+        for hd in parse_xml(xml).iterfind("devices/hostdev[@type='pci']"):
+            if hd.get("managed", "no") == "no":  # libvirt's default; NVIDIA VF vGPUs must be unmanaged
+                try:
+                    vfs.append(_pci_from_attrs(hd.find("source/address")))
+                except (InvalidInput, ValueError):
+                    continue
+        meta = {}
+        for r in read_allocations(xml):
+            key = r.get("uuid") or r.get("pci_address")
+            if isinstance(key, str):
+                meta[key] = r
     except VgpuError:
         raise
     except Exception as exc:  # lxml parse errors and the like: the caller sent something that is not a domain
         raise InvalidInput(f"the domain XML cannot be read: {exc}", hint="pass the XML libvirt gives the hook") from exc
-    return uuids, meta
+    return uuids, list(dict.fromkeys(vfs)), meta
+
+
+def _prepare_vf(service: Service, domain: str, address: str, meta: dict[str, Any], key: str | None,
+                actor: str | None) -> str | None:
+    """'ready', 'restored' or 'created' for one unmanaged PCI hostdev; None when vgpumgr has no say in it."""
+    rec = _live(service, address)
+    type_name = meta.get("type") if meta.get("backend", BACKEND_NVIDIA_VF) == BACKEND_NVIDIA_VF else None
+    if rec is not None:
+        if rec["backend"] != BACKEND_NVIDIA_VF:
+            return None  # a passthrough record: libvirt's business
+        _, written = service.reapply_vf_type(address, vm=domain, actor=actor)
+        return "restored" if written else "ready"
+    if not type_name:
+        return None  # plain passthrough, or a VF someone else prepares
+    held = next((v for v in service.snapshot(refresh=True).inventory.vf_vgpus if v.address == address), None)
+    if held is not None and held.type == ids.type_dir(type_name):
+        service.adopt(backend=BACKEND_NVIDIA_VF, pci_address=address, type_id=type_name, vm=domain,
+                      source="libvirt-metadata", actor=actor)
+        return "ready"
+    service.allocate(type_name, vm=domain, policy=Policy(pin_parent=address), idempotency_key=key, actor=actor)
+    return "created"
 
 
 def libvirt_prepare(service: Service, domain: str, xml: str, *, actor: str | None = None,
                     key_prefix: str | None = None) -> dict[str, Any]:
-    """Before a domain starts: each mdev it names must exist (re-created from records or its metadata)."""
+    """Before a domain starts: each mdev it names must exist (re-created from records or its metadata), and
+    each unmanaged PCI hostdev that is a recorded VF vGPU (or whose metadata names a type) must hold it."""
     domain = ids.vm_name(domain)
-    uuids, meta = _domain_mdevs(xml)
-    present = {m.uuid for m in service.snapshot(refresh=True).inventory.mdevs}
-    ready, created = [], []
+    uuids, vfs, meta = _domain_devices(xml)
+    present = {m.uuid for m in service.snapshot(refresh=True).inventory.mdevs} if uuids else set()
+    ready, created, restored = [], [], []
     for n, uuid in enumerate(uuids):
         rec = _live(service, uuid)
         m = meta.get(uuid, {})
@@ -113,12 +161,38 @@ def libvirt_prepare(service: Service, domain: str, xml: str, *, actor: str | Non
         _, made = ensure(service, uuid=uuid, type_name=type_name, vm=domain, parent=parent, idempotency_key=key,
                          actor=actor)
         (created if made else ready).append(uuid)
-    return {"vm": domain, "ready": ready, "created": created}
+    for n, address in enumerate(vfs):
+        key = f"{key_prefix}-vf{n}" if key_prefix else None
+        outcome = _prepare_vf(service, domain, address, meta.get(address, {}), key, actor)
+        {"ready": ready, "created": created, "restored": restored}.get(outcome or "", []).append(address)
+    return {"vm": domain, "ready": ready, "created": created, "restored": restored}
 
 
 def libvirt_release(service: Service, domain: str, xml: str, *, grace: float = 0.0,
                     actor: str | None = None) -> dict[str, Any]:
-    """After a domain stopped: release the vGPUs vgpumgr recorded for it among the mdevs it names."""
-    uuids, _ = _domain_mdevs(xml)
+    """After a domain stopped: release the vGPUs vgpumgr recorded for it among the devices it names."""
+    uuids, vfs, _ = _domain_devices(xml)
     # libvirtd is waiting for this hook: asking it which domains hold the device would deadlock
-    return release_vm(service, domain, uuids, grace=grace, actor=actor, check_libvirt=False)
+    return release_vm(service, domain, uuids + vfs, grace=grace, actor=actor, check_libvirt=False)
+
+
+# -- Proxmox on NVIDIA's vendor-specific VFIO framework: Proxmox writes the type, vgpumgr keeps the books --
+def proxmox_check(service: Service, vm: str, type_name: str, candidates: list[str], *,
+                  actor: str | None = None) -> dict[str, Any]:
+    """Proxmox runs pre-start only for a VM that is not running: VF records it still has are stale (a host
+    crash or reboot skipped post-stop) and would block its own VF, so they go first (records only)."""
+    vm = ids.vm_name(vm)
+    for a in service.allocations(vm=vm, live=True):
+        if a["backend"] == BACKEND_NVIDIA_VF:
+            try:
+                service.release(a["pci_address"], actor=actor, owner=Owner(vm, allocation_id=a["id"]))
+            except NotFound:
+                pass
+    return service.check_start(type_name, vm=vm, candidates=candidates, actor=actor)
+
+
+def proxmox_record(service: Service, vm: str, type_name: str, vf: str, *, actor: str | None = None
+                   ) -> tuple[dict[str, Any], bool]:
+    """Record the VF Proxmox gave `vm` (it reserved it for the VM, so an older record there is stale)."""
+    return service.adopt(backend=BACKEND_NVIDIA_VF, pci_address=vf, type_id=type_name, vm=vm, supersede=True,
+                         source="proxmox", detail={"kernel_owner": KERNEL_OWNER_PROXMOX}, actor=actor)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from api import hookops
 from api.auth import READ, VGPU_WRITE, require
@@ -15,6 +15,8 @@ from api.schemas import (
     DomainHook,
     PassthroughCreate,
     PlacementRequest,
+    ProxmoxCheck,
+    ProxmoxRecord,
     VgpuCreate,
     VgpuEnsure,
     VmRelease,
@@ -23,6 +25,7 @@ from api.schemas import (
 from api.tokens import HOOK, Token
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput, NotFound, PermissionDenied
+from vgpumgr.ops.allocate import Owner
 from vgpumgr.service import Service
 
 router = APIRouter(prefix="/v1")
@@ -132,14 +135,25 @@ def get_vgpu(ref: str, svc: Service = Depends(service), token: Token = Depends(r
 
 
 @router.delete("/vgpus/{ref}", tags=["vgpus"])
-def delete_vgpu(ref: str, grace: float = Query(default=0.0, ge=0, le=60), svc: Service = Depends(service),
-                token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
-    """Destroy a vGPU and release its record and licence seat."""
+def delete_vgpu(ref: str, grace: float = Query(default=0.0, ge=0, le=60),
+                vm: str | None = Query(default=None, max_length=64, description="owner: the VM releasing it"),
+                allocation_id: int | None = Query(default=None, ge=1, description="owner: the allocation's id"),
+                idempotency_key: str | None = Query(default=None, max_length=128,
+                                                    description="owner: the allocation's idempotency key"),
+                svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """Destroy a vGPU and release its record and licence seat. With an owner (`vm` and `allocation_id` or
+    `idempotency_key`; required for hook tokens), a vGPU that has changed hands since is left alone: 409."""
     ref = _ref(ref)
     if token.role == HOOK and svc.find_allocation(ref)["vm"] is None:
         raise PermissionDenied(f"{ref} belongs to no VM; a hook token may only release a VM's vGPUs",
                                hint="use an operator token")
-    return svc.release(ref, actor=token.actor, grace=grace)
+    owner = Owner(vm, allocation_id=allocation_id, idempotency_key=idempotency_key) if vm else None
+    if token.role == HOOK and owner is None:
+        raise InvalidInput("a hook token must name the owner of the vGPU it releases",
+                           hint="pass ?vm=NAME&allocation_id=ID (or &idempotency_key=KEY)")
+    if owner is None and (allocation_id is not None or idempotency_key):
+        raise InvalidInput("an owner needs the VM", hint="add ?vm=NAME")
+    return svc.release(ref, actor=token.actor, grace=grace, owner=owner)
 
 
 @router.get("/placements", tags=["placements"])
@@ -189,3 +203,20 @@ def hook_libvirt_prepare(body: DomainHook, request: Request, key: str | None = D
 def hook_libvirt_release(body: DomainHook, svc: Service = Depends(service),
                          token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
     return hookops.libvirt_release(svc, body.domain, body.xml, grace=body.grace, actor=token.actor)
+
+
+@router.post("/hooks/proxmox/check", tags=["hooks"])
+def hook_proxmox_check(body: ProxmoxCheck, svc: Service = Depends(service),
+                       token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """Proxmox pre-start on a vendor-VF card: may the VM get this type on one of the VFs? Changes nothing;
+    409 with the reasons when it may not."""
+    return hookops.proxmox_check(svc, body.vm, body.type, body.candidates, actor=token.actor)
+
+
+@router.post("/hooks/proxmox/record", tags=["hooks"])
+def hook_proxmox_record(body: ProxmoxRecord, response: Response, svc: Service = Depends(service),
+                        token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """Proxmox post-start: record the VF Proxmox chose and take the licence seat (201 new, 200 known)."""
+    alloc, made = hookops.proxmox_record(svc, body.vm, body.type, body.vf, actor=token.actor)
+    response.status_code = 201 if made else 200
+    return alloc

@@ -59,7 +59,8 @@ class VgpuEnsure(Strict):
 
 class VmRelease(Strict):
     vm: str = Name
-    uuids: list[str] | None = Field(default=None, max_length=64, description="only these (default: all of the VM)")
+    uuids: list[str] | None = Field(default=None, max_length=64,
+                                    description="only these mdev UUIDs or PCI addresses (default: all of the VM)")
     grace: float = Field(default=0.0, ge=0, le=60)
 
 
@@ -67,6 +68,22 @@ class DomainHook(Strict):
     domain: str = Name
     xml: str = Field(min_length=1, max_length=1_000_000)
     grace: float = Field(default=0.0, ge=0, le=60)
+
+
+class ProxmoxCheck(Strict):
+    """May `vm` start with a `type` vGPU on one of `candidates` (the VFs of its hostpci line, in order)?"""
+
+    vm: str = Name
+    type: str = TypeRef
+    candidates: list[str] = Field(min_length=1, max_length=64)
+
+
+class ProxmoxRecord(Strict):
+    """Record the VF Proxmox chose for `vm` and wrote `type` to."""
+
+    vm: str = Name
+    type: str = TypeRef
+    vf: str = Field(min_length=1, max_length=32)
 
 
 class PlacementRequest(Strict):

@@ -315,7 +315,7 @@ def test_hook_ensure_is_idempotent_and_recreates_after_reboot(env: ApiEnv) -> No
     stray = mdev_backend.create(env.cfg.host, GPU, "nvidia-232")
     problem(env.client.post("/v1/hooks/ensure", json={**body, "uuid": stray.uuid}, headers=h), 409)
     out = env.client.post("/v1/hooks/release", json={"vm": "pve-101"}, headers=h).json()
-    assert out == {"vm": "pve-101", "released": [body["uuid"]], "errors": []}
+    assert out == {"vm": "pve-101", "released": [body["uuid"]], "refused": [], "errors": []}
     assert env.client.get("/v1/vgpus", params={"vm": "pve-101"}, headers=h).json() == []
 
 
@@ -340,7 +340,7 @@ def test_libvirt_hook_endpoints(env: ApiEnv) -> None:
     assert r.status_code == 200 and r.json()["created"] == [uuid], r.text
     assert env.client.get(f"/v1/vgpus/{uuid}", headers=h).json()["type"] == "nvidia-231"
     r = env.client.post("/v1/hooks/libvirt/prepare", json={"domain": "lv1", "xml": xml}, headers=h)
-    assert r.json() == {"vm": "lv1", "ready": [uuid], "created": []}
+    assert r.json() == {"vm": "lv1", "ready": [uuid], "created": [], "restored": []}
     rel = env.client.post("/v1/hooks/libvirt/release", json={"domain": "lv1", "xml": xml}, headers=h).json()
     assert rel["released"] == [uuid]
     unknown = _domain_xml("lv2", "11111111-2222-3333-4444-555555555555")

@@ -7,82 +7,22 @@ stdin. The server is `python -m api.server --uds ...` on a simulated two-T4 host
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hookserver import LIBVIRT, PROXMOX, Server, run, running_server
 from lxml import etree
 
-from api import tokens
 from vgpumgr import domain
-from vgpumgr.config import Config
-from vgpumgr.host import Host
-from vgpumgr.inventory import scan
-from vgpumgr.sim import profiles
 
-REPO = Path(__file__).resolve().parents[1]
-PROXMOX = REPO / "scripts/hooks/proxmox-vgpumgr"
-LIBVIRT = REPO / "scripts/hooks/libvirt-qemu"
 GPU_A, GPU_B = "0000:3b:00.0", "0000:3d:00.0"
-
-
-@dataclass
-class Server:
-    root: Path
-    sock: Path
-    token: str
-    conf_dir: Path
-    cfg: Config
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
-        env.update(VGPUMGR_SOCKET=str(self.sock), VGPUMGR_TOKEN=self.token, VGPUMGR_PVE_CONF_DIR=str(self.conf_dir),
-                   VGPUMGR_RELEASE_GRACE="0", VGPUMGR_HOOK_TIMEOUT="20")
-        env.update(extra)
-        return env
-
-    def mdevs(self) -> dict[str, tuple[str, str]]:
-        return {m.uuid: (m.parent, m.type) for m in scan(Host(self.root)).mdevs}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("hooks")
-    root = profiles.create(tmp / "sim", "t4", scale=2)
-    testhost = tmp / "testhost.xml"
-    testhost.write_text("<node><cpu><mode>host-passthrough</mode></cpu></node>\n")
-    cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect=f"test://{testhost}")
-    token = tokens.create_token(cfg, "hook", "hook")
-    sock_dir = Path(tempfile.mkdtemp(prefix="vgh-"))  # unix socket paths must stay short
-    sock = sock_dir / "api.sock"
-    log = open(tmp / "server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
-                             "--state-dir", str(cfg.state_dir), "--connect", cfg.libvirt_uri], cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while not sock.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {(tmp / 'server.log').read_text()}")
-            time.sleep(0.05)
-        conf_dir = tmp / "pve"
-        conf_dir.mkdir()
-        yield Server(root, sock, token, conf_dir, cfg)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
-        shutil.rmtree(sock_dir, ignore_errors=True)
-
-
-def run(argv: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, input=stdin, env=env, capture_output=True, text=True, timeout=60)
+    with running_server(tmp_path_factory.mktemp("hooks"), "t4", scale=2) as srv:
+        yield srv
 
 
 def pve_uuid(index: int, vmid: int) -> str:
@@ -102,7 +42,7 @@ def test_proxmox_pre_start_and_post_stop(server: Server) -> None:
         "boot: order=scsi0\n"
         "hostpci0: 0000:3b:00.0,mdev=nvidia-232,pcie=1\n"
         "hostpci1: 0000:5e:00.0,pcie=1\n"  # plain passthrough: not a vGPU
-        "hostpci2: mapping=tesla,mdev=nvidia-231\n"
+        "hostpci2: 0000:3b:00.0;0000:3d:00.0,mdev=nvidia-231\n"  # candidates, tried in order
         "memory: 4096\n\n"
         "[before-upgrade]\nhostpci5: 0000:3b:00.0,mdev=nvidia-234\n")  # a snapshot: not the current config
     env = server.env()

@@ -11,6 +11,7 @@ from typing import Any
 from vgpumgr import audit, checkpoints
 from vgpumgr.config import Config
 from vgpumgr.db.session import ensure_schema, session_factory
+from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import leases as lease_ops
@@ -31,6 +32,9 @@ class Service(Context):
     find_allocation = alloc_ops.find_allocation
     release = alloc_ops.release
     allocations = alloc_ops.allocations
+    adopt = adopt_ops.adopt
+    check_start = adopt_ops.check_start
+    reapply_vf_type = adopt_ops.reapply_vf_type
 
     create_vm = vm_ops.create_vm
     delete_vm = vm_ops.delete_vm

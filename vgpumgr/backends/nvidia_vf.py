@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from vgpumgr import ids
@@ -55,10 +56,20 @@ def set_type(host: Host, vf: str, type_id: str | int) -> int:
 
 def holders(host: Host, vf: str, extra: HolderCheck | None = None) -> list[str]:
     group = link_name(f"{host.pci(vf)}/iommu_group")
-    found = vfio_holders(host, int(group) if group and group.isdigit() else None)
+    found = vfio_holders(host, int(group) if group and group.isdigit() else None, _iommufd_nodes(host, vf))
     if extra:
         found += [h for h in extra(vf) if h not in found]
     return found
+
+
+def _iommufd_nodes(host: Host, vf: str) -> tuple[str, ...]:
+    """The VF's iommufd character devices (/dev/vfio/devices/vfioN, named by its vfio-dev/ entries):
+    a QEMU using iommufd holds these open instead of the group."""
+    try:
+        names = os.listdir(host.pci(vf) / "vfio-dev")
+    except OSError:
+        return ()
+    return tuple(f"/dev/vfio/devices/{n}" for n in sorted(names) if n.startswith("vfio") and n[4:].isdigit())
 
 
 def clear_type(host: Host, vf: str, *, retries: int = 10, delay: float = 1.0,

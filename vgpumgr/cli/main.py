@@ -115,6 +115,14 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p.add_argument("uuid", metavar="UUID")
     p.add_argument("--grace", type=float, default=0.0, metavar="S",
                    help="let NVIDIA's driver remove the device itself for up to S seconds first (after a VM stop)")
+    p = cmd(mdev, ("mdev", "export"), "vgpumgr.cli.mdevctl:export",
+            "write vgpumgr's mdev records as mdevctl definitions (<dir>/<parent>/<uuid>)")
+    p.add_argument("--dir", metavar="D", help="definitions directory (default /etc/mdevctl.d under the host root)")
+    p.add_argument("--json", action="store_true")
+    p = cmd(mdev, ("mdev", "import"), "vgpumgr.cli.mdevctl:import_",
+            "adopt mdevctl definitions as vgpumgr records (all checked first; no device is touched)")
+    p.add_argument("--dir", metavar="D", help="definitions directory (default /etc/mdevctl.d under the host root)")
+    p.add_argument("--json", action="store_true")
 
     vf = group("vf", "NVIDIA vendor-specific VF vGPUs")
     p = cmd(vf, ("vf", "list"), "vgpumgr.cli.devices:vf_list", "list VFs with their current vGPU type")

@@ -204,9 +204,41 @@ def _live_row(svc: Context, s: Session, ref: str) -> AllocRow:
         raise NotFound(f"no live vGPU allocation {ref}", hint="`vgpumgr placements` lists them")
     return row
 
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Who a release is for: the VM and the allocation id or idempotency key it was given.
+
+    A VF is reused across VMs, so a late or retried release must prove it still names the live record;
+    otherwise it would clear the vGPU of the VM that got the device since."""
+
+    vm: str
+    allocation_id: int | None = None
+    idempotency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vm", ids.vm_name(self.vm))
+        if self.allocation_id is None and not self.idempotency_key:
+            raise InvalidInput(f"a release for VM {self.vm} must name the allocation id or idempotency key it owns",
+                               hint="pass the `id` or `idempotency_key` of the allocation being released")
+
+    def matches(self, row: AllocRow, vm_name: str | None) -> bool:
+        return (vm_name == self.vm
+                and (self.allocation_id is None or row.id == self.allocation_id)
+                and (not self.idempotency_key or row.idempotency_key == self.idempotency_key))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+KERNEL_OWNER_PROXMOX = "proxmox"  # detail["kernel_owner"]: Proxmox writes and clears this VF's type itself
+
+
 def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 0.0,
-            check_libvirt: bool = True) -> dict[str, Any]:
-    """Destroy the device of a live allocation and release its record and licence seat."""
+            check_libvirt: bool = True, owner: Owner | None = None) -> dict[str, Any]:
+    """Destroy the device of a live allocation and release its record and licence seat.
+
+    With `owner`, a record that no longer belongs to that owner is left alone (Conflict, audited); without,
+    it is an administrator's release, audited as such."""
     with svc.locked():
         with svc.sessions() as s:
             row = _live_row(svc, s, ref)
@@ -214,6 +246,19 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             uuid, address = row.uuid, row.pci_address
             vm_name = allocation_dict(row, s)["vm"]
             gpu, parent = (row.detail or {}).get("gpu"), row.parent
+            kernel_owner = (row.detail or {}).get("kernel_owner")
+            stale = owner is not None and not owner.matches(row, vm_name)
+            if stale:
+                err = Conflict(f"vGPU {uuid or address} now belongs to VM {vm_name or '(none)'} (allocation {row_id}),"
+                               f" not to the release's owner {owner.as_dict()}: left in place",
+                               hint="a late or repeated release of an earlier owner; nothing to do",
+                               owner=owner.as_dict(), holder={"vm": vm_name, "allocation_id": row_id})
+        if stale:
+            assert owner is not None
+            svc.record_failure(audit.VGPU_REMOVE, err, actor=actor, vm=owner.vm, vgpu=uuid or address,
+                               detail={"refused": "owner mismatch", "owner": owner.as_dict(),
+                                       "holder": {"vm": vm_name, "allocation_id": row_id}})
+            raise err
         # A running QEMU holds the device's VFIO group, which the backends see in /proc; libvirt is
         # asked as well only for a vGPU that belongs to a VM (its domain may run under another driver).
         # (check_libvirt=False from inside a libvirt hook: calling libvirtd back from there can deadlock)
@@ -222,7 +267,7 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             if backend == BACKEND_MDEV and uuid:
                 mdev_backend.remove(svc.host, uuid, grace=grace,
                                     holder_check=svc.libvirt_holders("mdev") if use_libvirt else None)
-            elif backend == BACKEND_NVIDIA_VF and address:
+            elif backend == BACKEND_NVIDIA_VF and address and kernel_owner != KERNEL_OWNER_PROXMOX:
                 nvidia_vf.clear_type(svc.host, address,
                                      holder_check=svc.libvirt_holders("pci") if use_libvirt else None,
                                      retries=10 if grace else 3, delay=1.0 if grace else 0.2)
@@ -234,7 +279,9 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             row = s.get(AllocRow, row_id)
             store.release(s, row)
             svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=(row.detail or {}).get("gpu"), vm=vm_name,
-                       vgpu=uuid or address, detail={"type": row.type_id, "backend": backend})
+                       vgpu=uuid or address, detail={"type": row.type_id, "backend": backend,
+                                                     "owner": owner.as_dict() if owner else "admin (none named)",
+                                                     **({"kernel_owner": kernel_owner} if kernel_owner else {})})
             return allocation_dict(row, s)
 
 

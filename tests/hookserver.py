@@ -1,0 +1,84 @@
+"""The vgpumgr REST service on a unix socket over a simulated host, for running the hook scripts as their
+callers do (arguments, stdin, environment)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from api import tokens
+from vgpumgr.config import Config
+from vgpumgr.host import Host
+from vgpumgr.inventory import scan
+from vgpumgr.sim import profiles
+
+REPO = Path(__file__).resolve().parents[1]
+PROXMOX = REPO / "scripts/hooks/proxmox-vgpumgr"
+LIBVIRT = REPO / "scripts/hooks/libvirt-qemu"
+
+
+@dataclass
+class Server:
+    root: Path
+    sock: Path
+    token: str
+    conf_dir: Path
+    cfg: Config
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
+        env.update(VGPUMGR_SOCKET=str(self.sock), VGPUMGR_TOKEN=self.token, VGPUMGR_PVE_CONF_DIR=str(self.conf_dir),
+                   VGPUMGR_RELEASE_GRACE="0", VGPUMGR_HOOK_TIMEOUT="20")
+        env.update(extra)
+        return env
+
+    def mdevs(self) -> dict[str, tuple[str, str]]:
+        return {m.uuid: (m.parent, m.type) for m in scan(Host(self.root)).mdevs}
+
+    def vf_types(self) -> dict[str, str]:
+        """VF address -> type for the VFs that hold a vGPU type now."""
+        return {v.address: v.type for v in scan(Host(self.root)).vf_vgpus}
+
+
+@contextmanager
+def running_server(tmp: Path, profile: str, scale: int = 1, vfs: int | None = None,
+                   licence_mode: str = "warn") -> Iterator[Server]:
+    root = profiles.create(tmp / "sim", profile, scale=scale, vfs=vfs)
+    testhost = tmp / "testhost.xml"
+    testhost.write_text("<node><cpu><mode>host-passthrough</mode></cpu></node>\n")
+    cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect=f"test://{testhost}")
+    token = tokens.create_token(cfg, "hook", "hook")
+    sock_dir = Path(tempfile.mkdtemp(prefix="vgh-"))  # unix socket paths must stay short
+    sock = sock_dir / "api.sock"
+    log = open(tmp / "server.log", "w")  # noqa: SIM115
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
+    env["VGPUMGR_LICENCE_MODE"] = licence_mode
+    proc = subprocess.Popen([sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
+                             "--state-dir", str(cfg.state_dir), "--connect", cfg.libvirt_uri], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {(tmp / 'server.log').read_text()}")
+            time.sleep(0.05)
+        conf_dir = tmp / "pve/qemu-server"
+        conf_dir.mkdir(parents=True)
+        yield Server(root, sock, token, conf_dir, cfg)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def run(argv: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, input=stdin, env=env, capture_output=True, text=True, timeout=90)

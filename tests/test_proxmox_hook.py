@@ -1,0 +1,233 @@
+"""The Proxmox hookscript run as qemu-server runs it, for the three kinds of config: a legacy mdev card, a
+single NVIDIA vendor-specific VF, and a resource mapping of several VFs.
+
+`QemuServer` replays what qemu-server 8.2.5+ does around the hook phases (see
+shared/docs/reboot-and-vendor-vf.md): pre-start hook; choose the first candidate VF that is neither reserved
+nor in use, reserve it in pci-id-reservations, write 0 then N to its current_vgpu_type (legacy: create the mdev
+with its UUID scheme unless it exists); QEMU runs (reservation now `pid:`); post-start hook. At stop: cleanup
+writes 0 again (legacy: removes the mdev) and drops the reservation, then the post-stop hook. Its sysfs writes
+go through the simulated kernel, as Proxmox's go to the real one. Every step is logged, in order.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hookserver import PROXMOX, Server, run, running_server
+
+from vgpumgr import licensing
+from vgpumgr.host import Host
+from vgpumgr.service import Service
+
+FIXTURES = Path(__file__).parent / "fixtures/proxmox"
+T4 = "0000:3b:00.0"
+VF4, VF5, VF6 = "0000:3d:00.4", "0000:3d:00.5", "0000:3d:00.6"
+MAPPING = [VF4, VF5, VF6]  # pve1's devices in fixtures/proxmox/pci.cfg, in order
+
+
+class QemuServer:
+    def __init__(self, server: Server, pve: Path) -> None:
+        self.server, self.pve, self.host = server, pve, Host(server.root)
+        self.run_dir = pve.parent / "run-qemu-server"
+        self.run_dir.mkdir(exist_ok=True)
+        self.log: list[str] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        paths = {"VGPUMGR_PVE_DIR": str(self.pve), "VGPUMGR_PVE_CONF_DIR": str(self.pve / "qemu-server"),
+                 "VGPUMGR_PVE_RUN_DIR": str(self.run_dir), "VGPUMGR_SYSFS_ROOT": str(self.server.root),
+                 "VGPUMGR_PVE_NODE": "pve1"}
+        return self.server.env(**{**paths, **extra})
+
+    def hook(self, vmid: int, phase: str) -> Any:
+        r = run([str(PROXMOX), str(vmid), phase], self.env())
+        self.log.append(f"{vmid} hook {phase} -> {r.returncode}")
+        return r
+
+    # -- pci-id-reservations -------------------------------------------------------------------------
+    @property
+    def reservations(self) -> Path:
+        return self.run_dir / "pci-id-reservations"
+
+    def reserved(self) -> dict[str, str]:
+        text = self.reservations.read_text() if self.reservations.exists() else ""
+        return {line.split()[0]: line.split()[1] for line in text.splitlines() if line.strip()}
+
+    def _write_reservations(self, entries: dict[str, str], tag: str) -> None:
+        self.reservations.write_text("".join(f"{a} {v} {tag}\n" for a, v in entries.items()))
+
+    # -- sysfs as Proxmox touches it ------------------------------------------------------------------
+    def vf_type(self, vf: str) -> int:
+        return int((self.host.pci(vf) / "nvidia/current_vgpu_type").read_text())
+
+    def _set_vf(self, vmid: int, vf: str, tid: int) -> bool:
+        if self.vf_type(vf) == tid:
+            return True
+        try:
+            self.host.write(self.host.pci(vf) / "nvidia/current_vgpu_type", "0")
+        except PermissionError:
+            pass  # the driver refuses 0 on a VF that holds nothing; Proxmox goes on
+        self.log.append(f"{vmid} write 0 {vf}")
+        creatable = (self.host.pci(vf) / "nvidia/creatable_vgpu_types").read_text().splitlines()[1:]
+        if str(tid) not in {line.split(":")[0].strip() for line in creatable}:
+            return False
+        self.host.write(self.host.pci(vf) / "nvidia/current_vgpu_type", str(tid))
+        self.log.append(f"{vmid} write {tid} {vf}")
+        return True
+
+    def start(self, vmid: int, cands: list[str], mdev: str, index: int = 0) -> bool:
+        if self.hook(vmid, "pre-start").returncode != 0:
+            self.log.append(f"{vmid} start aborted")
+            return False
+        if (self.host.pci(cands[0]) / "nvidia").is_dir():
+            tid = int(mdev.removeprefix("nvidia-"))
+            for vf in cands:
+                taken = self.reserved()
+                if vf in taken or self.vf_type(vf) != 0:
+                    continue
+                self._write_reservations({**taken, vf: str(vmid)}, f"time:{int(time.time()) + 5}")
+                self.log.append(f"{vmid} reserve {vf}")
+                if self._set_vf(vmid, vf, tid):
+                    break
+                self._write_reservations(taken, "time:0")
+            else:
+                self.log.append(f"{vmid} could not find a free device for 'hostpci{index}'")
+                return False
+        else:
+            uuid = f"{index:08d}-0000-0000-0000-{vmid:012d}"
+            if (self.host.pci(cands[0]) / uuid).exists():
+                self.log.append(f"{vmid} reuse mdev {uuid}")
+            else:
+                self.host.write(self.host.mdev_type(cands[0], mdev) / "create", uuid)
+                self.log.append(f"{vmid} create mdev {uuid}")
+        self.log.append(f"{vmid} qemu started")
+        self.hook(vmid, "post-start")
+        return True
+
+    def stop(self, vmid: int, legacy_uuid: str | None = None, post_stop: bool = True) -> None:
+        self.log.append(f"{vmid} qemu exited")
+        mine = [a for a, v in self.reserved().items() if v == str(vmid)]
+        for vf in mine:
+            self.host.write(self.host.pci(vf) / "nvidia/current_vgpu_type", "0")
+            self.log.append(f"{vmid} cleanup write 0 {vf}")
+        self._write_reservations({a: v for a, v in self.reserved().items() if v != str(vmid)}, "pid:4242")
+        if legacy_uuid and self.host.mdev(legacy_uuid).exists():
+            self.host.write(self.host.mdev(legacy_uuid) / "remove", "1")
+            self.log.append(f"{vmid} cleanup remove mdev {legacy_uuid}")
+        if post_stop:
+            self.hook(vmid, "post-stop")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(tmp_path_factory.mktemp("pve"), "mixed", vfs=4, licence_mode="enforce") as srv:
+        svc = Service(srv.cfg)
+        with svc.tx() as s:  # two vWS seats: Q-series vGPUs of two VMs
+            licensing.add_pool(s, name="ws", edition_name="vWS", seats=2)
+        yield srv
+
+
+@pytest.fixture
+def qm(server: Server, tmp_path: Path) -> QemuServer:
+    pve = tmp_path / "etc-pve"
+    (pve / "mapping").mkdir(parents=True)
+    (pve / "qemu-server").mkdir()
+    shutil.copy(FIXTURES / "pci.cfg", pve / "mapping/pci.cfg")
+    for conf in FIXTURES.glob("*.conf"):
+        shutil.copy(conf, pve / "qemu-server" / f"{conf.name.split('-')[0]}.conf")
+    return QemuServer(server, pve)
+
+
+def records(server: Server, vm: str) -> list[dict[str, Any]]:
+    return Service(server.cfg).allocations(vm=vm, live=True)
+
+
+def test_legacy_mdev_card_keeps_proxmox_uuid_scheme(server: Server, qm: QemuServer) -> None:
+    uuid = "00000000-0000-0000-0000-000000000101"
+    assert qm.start(101, [T4], "nvidia-232")
+    assert server.mdevs() == {uuid: (T4, "nvidia-232")}
+    [rec] = records(server, "pve-101")
+    assert rec["uuid"] == uuid and rec["licence"] == "vWS"
+    qm.stop(101, legacy_uuid=uuid)
+    assert qm.log == ["101 hook pre-start -> 0", f"101 reuse mdev {uuid}", "101 qemu started",
+                      "101 hook post-start -> 0", "101 qemu exited", f"101 cleanup remove mdev {uuid}",
+                      "101 hook post-stop -> 0"]
+    assert server.mdevs() == {} and records(server, "pve-101") == []
+
+
+def test_vendor_vfs_single_and_mapping_with_seats_and_a_late_post_stop(server: Server, qm: QemuServer) -> None:
+    before = server.vf_types()
+    assert qm.start(102, [VF4], "nvidia-1150")  # hostpci0: 0000:3d:00.4,mdev=nvidia-1150
+    assert qm.log[:5] == ["102 hook pre-start -> 0", f"102 reserve {VF4}", f"102 write 0 {VF4}",
+                          f"102 write 1150 {VF4}", "102 qemu started"]
+    assert qm.log[5] == "102 hook post-start -> 0"
+    [rec] = records(server, "pve-102")
+    assert rec["pci_address"] == VF4 and rec["licence"] == "vWS" and rec["type"] == "nvidia-1150"
+
+    assert qm.start(103, MAPPING, "nvidia-1150")  # mapping=l40s-vgpu: VF4 is taken, Proxmox picks VF5
+    assert f"103 reserve {VF5}" in qm.log and [r["pci_address"] for r in records(server, "pve-103")] == [VF5]
+
+    (qm.pve / "qemu-server/104.conf").write_text(f"name: third\nhostpci0: {VF6},mdev=nvidia-1150,pcie=1\n")
+    r = run([str(PROXMOX), "104", "pre-start"], qm.env())
+    assert r.returncode == 1 and "licence seat" in r.stderr and "pve-104" in r.stderr  # the veto, with why
+    assert not qm.start(104, [VF6], "nvidia-1150") and qm.log[-1] == "104 start aborted"
+    assert qm.vf_type(VF6) == 0 and VF6 not in qm.reserved()  # Proxmox never got to write a type
+
+    qm.stop(102)  # cleanup writes 0 before post-stop; the record and the seat go
+    assert qm.log[-3:] == ["102 qemu exited", f"102 cleanup write 0 {VF4}", "102 hook post-stop -> 0"]
+    assert records(server, "pve-102") == [] and qm.vf_type(VF4) == 0
+    assert qm.start(104, [VF6], "nvidia-1150")  # the seat is free again
+
+    # VM 105 gets VF4 after 102; then 102's post-stop runs once more (qmeventd's `qm cleanup`, a retry)
+    qm.stop(103)
+    (qm.pve / "qemu-server/105.conf").write_text(f"hostpci0: {VF4},mdev=nvidia-1150\n")
+    assert qm.start(105, [VF4], "nvidia-1150")
+    assert qm.hook(102, "post-stop").returncode == 0
+    assert [r["pci_address"] for r in records(server, "pve-105")] == [VF4] and qm.vf_type(VF4) == 1150
+    for vmid in (104, 105):
+        qm.stop(vmid)
+    assert server.vf_types() == before
+
+
+def test_post_start_without_a_reservation_takes_the_vf_that_holds_the_type(server: Server, qm: QemuServer) -> None:
+    (qm.pve / "qemu-server/106.conf").write_text("hostpci0: mapping=l40s-vgpu,mdev=nvidia-1150\n")
+    assert qm.hook(106, "pre-start").returncode == 0
+    qm._set_vf(106, VF5, 1150)  # no reservations file at all
+    r = qm.hook(106, "post-start")
+    assert r.returncode == 0 and f"recorded VF {VF5}" in r.stdout
+    assert [x["pci_address"] for x in records(server, "pve-106")] == [VF5]
+    qm.stop(106)
+    qm.host.write(qm.host.pci(VF5) / "nvidia/current_vgpu_type", "0")
+    assert records(server, "pve-106") == []
+
+
+def test_a_start_after_a_host_crash_finds_no_stale_record_in_its_way(server: Server, qm: QemuServer) -> None:
+    assert qm.start(102, [VF4], "nvidia-1150")
+    first = records(server, "pve-102")
+    qm.stop(102, post_stop=False)  # the host went down: Proxmox's cleanup ran at boot, post-stop never did
+    assert records(server, "pve-102") == first
+    assert qm.start(102, [VF4], "nvidia-1150")
+    [rec] = records(server, "pve-102")
+    assert rec["pci_address"] == VF4 and rec["id"] != first[0]["id"]
+    qm.stop(102)
+    assert records(server, "pve-102") == [] and server.vf_types() == {}
+
+
+def test_bad_paths_mappings_and_configs_are_refused_clearly(server: Server, qm: QemuServer) -> None:
+    r = run([str(PROXMOX), "102", "pre-start"], qm.env(VGPUMGR_PVE_CONF_DIR="etc/pve/qemu-server"))
+    assert r.returncode == 1 and "VGPUMGR_PVE_CONF_DIR" in r.stderr and "absolute" in r.stderr
+    r = run([str(PROXMOX), "102", "pre-start"], qm.env(VGPUMGR_SYSFS_ROOT="/sys/../tmp"))
+    assert r.returncode == 1 and "VGPUMGR_SYSFS_ROOT" in r.stderr
+    r = run([str(PROXMOX), "103", "pre-start"], qm.env(VGPUMGR_PVE_NODE="pve3"))
+    assert r.returncode == 1 and "no device on node pve3" in r.stderr
+    (qm.pve / "qemu-server/107.conf").write_text("hostpci0: mapping=nope,mdev=nvidia-1150\n")
+    r = run([str(PROXMOX), "107", "pre-start"], qm.env())
+    assert r.returncode == 1 and "mapping 'nope' is not in" in r.stderr
+    (qm.pve / "qemu-server/108.conf").write_text("hostpci0: 3d:00,mdev=nvidia-1150\n")  # all functions
+    r = run([str(PROXMOX), "108", "pre-start"], qm.env())
+    assert r.returncode == 1 and "single PCI functions" in r.stderr
+    assert server.vf_types() == {}
