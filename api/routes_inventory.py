@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from api import hookops
 from api.auth import READ, VGPU_WRITE, require
 from api.deps import idempotency_key, service
 from api.idempotent import idempotent
@@ -177,7 +176,7 @@ def hook_ensure(body: VgpuEnsure, request: Request, key: str | None = Depends(id
                 svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
     """Make sure mdev `uuid` exists for `vm` (201 when it had to be created, 200 when it was there)."""
     def run(alloc_key: str | None) -> tuple[int, Any]:
-        alloc, created = hookops.ensure(svc, uuid=body.uuid, type_name=body.type, vm=body.vm, parent=body.parent,
+        alloc, created = svc.ensure_vgpu(uuid=body.uuid, type_name=body.type, vm=body.vm, parent=body.parent,
                                         idempotency_key=alloc_key, actor=token.actor)
         return (201 if created else 200), alloc
 
@@ -188,7 +187,7 @@ def hook_ensure(body: VgpuEnsure, request: Request, key: str | None = Depends(id
 def hook_release(body: VmRelease, svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
                  ) -> dict[str, Any]:
     """Release the live vGPUs of a VM (those listed, or all). Failures are listed under `errors`."""
-    return hookops.release_vm(svc, body.vm, body.uuids, grace=body.grace, actor=token.actor)
+    return svc.release_vm_vgpus(body.vm, body.uuids, grace=body.grace, actor=token.actor)
 
 
 @router.post("/hooks/libvirt/prepare", tags=["hooks"])
@@ -196,13 +195,13 @@ def hook_libvirt_prepare(body: DomainHook, request: Request, key: str | None = D
                          svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
                          ) -> dict[str, Any]:
     return idempotent(request, svc, token, key, body, lambda k: (
-        200, hookops.libvirt_prepare(svc, body.domain, body.xml, actor=token.actor, key_prefix=k)))
+        200, svc.libvirt_prepare(body.domain, body.xml, actor=token.actor, key_prefix=k)))
 
 
 @router.post("/hooks/libvirt/release", tags=["hooks"])
 def hook_libvirt_release(body: DomainHook, svc: Service = Depends(service),
                          token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
-    return hookops.libvirt_release(svc, body.domain, body.xml, grace=body.grace, actor=token.actor)
+    return svc.libvirt_release(body.domain, body.xml, grace=body.grace, actor=token.actor)
 
 
 @router.post("/hooks/proxmox/check", tags=["hooks"])
@@ -210,13 +209,13 @@ def hook_proxmox_check(body: ProxmoxCheck, svc: Service = Depends(service),
                        token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
     """Proxmox pre-start on a vendor-VF card: may the VM get this type on one of the VFs? Changes nothing;
     409 with the reasons when it may not."""
-    return hookops.proxmox_check(svc, body.vm, body.type, body.candidates, actor=token.actor)
+    return svc.proxmox_check(body.vm, body.type, body.candidates, actor=token.actor)
 
 
 @router.post("/hooks/proxmox/record", tags=["hooks"])
 def hook_proxmox_record(body: ProxmoxRecord, response: Response, svc: Service = Depends(service),
                         token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
     """Proxmox post-start: record the VF Proxmox chose and take the licence seat (201 new, 200 known)."""
-    alloc, made = hookops.proxmox_record(svc, body.vm, body.type, body.vf, actor=token.actor)
+    alloc, made = svc.proxmox_record(body.vm, body.type, body.vf, actor=token.actor)
     response.status_code = 201 if made else 200
     return alloc

@@ -13,6 +13,7 @@ from vgpumgr.config import Config
 from vgpumgr.db.session import ensure_schema, session_factory
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
+from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import leases as lease_ops
 from vgpumgr.ops import mig as mig_ops
@@ -52,6 +53,14 @@ class Service(Context):
     reconcile = reconcile_ops.reconcile
     reap_dead_reservations = lease_ops.reap_locked
     run_once = idem_ops.run_once
+
+    # what the host-side hooks ask for (libvirt qemu hook, Proxmox hookscript, OpenStack preparation)
+    ensure_vgpu = hook_ops.ensure
+    release_vm_vgpus = hook_ops.release_vm
+    libvirt_prepare = hook_ops.libvirt_prepare
+    libvirt_release = hook_ops.libvirt_release
+    proxmox_check = hook_ops.proxmox_check
+    proxmox_record = hook_ops.proxmox_record
 
 
 def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None = None, vm: str | None = None,

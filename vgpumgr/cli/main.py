@@ -34,8 +34,9 @@ def _common() -> argparse.ArgumentParser:
 
 # commands registered by modules outside this file, so that only the one a user runs is imported
 EXTRA_MODULES = {
-    "vgpumgr.cli.records": ("place", "vgpu", "release", "placements", "license", "licence", "audit", "reconcile",
-                            "db", "mig", "scheduler"),
+    "vgpumgr.cli.records": ("place", "vgpu", "release", "placements", "license", "licence", "reconcile", "db"),
+    "vgpumgr.cli.audit": ("audit",),
+    "vgpumgr.cli.mig": ("mig", "scheduler"),
     "vgpumgr.cli.vm": ("vm",),
     "vgpumgr.cli.service": ("serve", "token", "install-units"),
 }

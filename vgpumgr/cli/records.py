@@ -1,12 +1,11 @@
-"""Placement, records, licences, audit, reconcile, database, MIG and the vGPU scheduler."""
+"""Placement, records, licences, reconcile and the database."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from datetime import date, datetime
 from typing import Any, TextIO
 
+from vgpumgr.cli.audit import parse_date
 from vgpumgr.cli.output import dump_json, table
 from vgpumgr.cli.vm import _policy_args, policy_from, service
 from vgpumgr.errors import InvalidInput
@@ -54,21 +53,6 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(lic, ("license", "remove"), "vgpumgr.cli.records:licence_remove", "remove a pool with no seats in use")
     p.add_argument("name", metavar="NAME")
 
-    p = cmd(sub, ("audit",), "vgpumgr.cli.records:audit_list", "the audit trail (append-only, hash-chained)")
-    p.add_argument("action_", nargs="?", choices=("list", "verify", "checkpoint", "export"), default="list",
-                   metavar="list|verify|checkpoint|export",
-                   help="verify: check the chain and every signed checkpoint (then write one); checkpoint: sign "
-                        "the head now; export: events, checkpoints and public key for scripts/verify-audit-export")
-    p.add_argument("--output", "-o", metavar="FILE", help="export: write the bundle here (default: stdout)")
-    p.add_argument("--vm", metavar="NAME")
-    p.add_argument("--gpu", metavar="BDF")
-    p.add_argument("--since", metavar="TIME", help="ISO date or time (UTC)")
-    p.add_argument("--until", metavar="TIME")
-    p.add_argument("--limit", type=int)
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true")
-    fmt.add_argument("--csv", action="store_true")
-
     p = cmd(sub, ("reconcile",), "vgpumgr.cli.records:reconcile", "compare records with the host's devices")
     p.add_argument("--fix", action="store_true",
                    help="re-create recorded vGPUs that vanished, with their UUIDs; roll back dead reservations")
@@ -80,35 +64,6 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(db, ("db", "downgrade"), "vgpumgr.cli.records:db_downgrade", "downgrade the schema")
     p.add_argument("revision", help="target revision, or 'base'")
     cmd(db, ("db", "current"), "vgpumgr.cli.records:db_current", "print the schema revision")
-
-    mig = group("mig", "MIG GPU instances (through NVML)")
-    p = cmd(mig, ("mig", "list"), "vgpumgr.cli.records:mig_list", "MIG mode, profiles and GPU instances")
-    p.add_argument("--json", action="store_true")
-    p = cmd(mig, ("mig", "plan"), "vgpumgr.cli.records:mig_plan", "where a profile would go (or why not)")
-    p.add_argument("gpu", metavar="BDF")
-    p.add_argument("profile", nargs="+", metavar="PROFILE", help="one or more profiles: a layout to check")
-    p = cmd(mig, ("mig", "create"), "vgpumgr.cli.records:mig_create", "create a GPU instance")
-    p.add_argument("gpu", metavar="BDF")
-    p.add_argument("profile", metavar="PROFILE")
-    p.add_argument("--start", type=int, help="explicit placement start slice")
-    p.add_argument("--compute-instance", action="store_true")
-    p = cmd(mig, ("mig", "destroy"), "vgpumgr.cli.records:mig_destroy", "destroy a GPU instance")
-    p.add_argument("gpu", metavar="BDF")
-    p.add_argument("gi", type=int, metavar="GI_ID")
-    p = cmd(mig, ("mig", "mode"), "vgpumgr.cli.records:mig_mode", "enable or disable MIG mode (reports pending)")
-    p.add_argument("gpu", metavar="BDF")
-    p.add_argument("state", choices=("on", "off"))
-
-    sch = group("scheduler", "vGPU time-slice scheduler (through NVML)")
-    p = cmd(sch, ("scheduler", "show"), "vgpumgr.cli.records:scheduler_show",
-            "scheduler state of a GPU (JSON), or of every GPU NVML knows")
-    p.add_argument("gpu", metavar="BDF", nargs="?", help="one GPU (default: all of them, as a table)")
-    p.add_argument("--json", action="store_true")
-    p = cmd(sch, ("scheduler", "set"), "vgpumgr.cli.records:scheduler_set", "set a GPU's scheduler")
-    p.add_argument("gpu", metavar="BDF")
-    p.add_argument("policy", choices=("best-effort", "equal-share", "fixed-share"))
-    p.add_argument("--timeslice-ns", type=int)
-
 
 def _ref(a: dict[str, Any]) -> str:
     return a.get("uuid") or a.get("pci_address") or "-"
@@ -177,7 +132,7 @@ def placements(args: argparse.Namespace, out: TextIO) -> int:
 def licence_add(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr import audit, licensing
 
-    expires = _date(args.expires) if args.expires else None
+    expires = parse_date(args.expires) if args.expires else None
     svc = service(args)
     with svc.tx() as s:
         pool = licensing.add_pool(s, name=args.name, edition_name=args.edition, seats=args.seats, unit=args.unit,
@@ -236,106 +191,6 @@ def licence_remove(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _date(text: str) -> date:
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(f"'{text}' is not a date", hint="use YYYY-MM-DD") from None
-
-
-def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(f"'{text}' is not a date or time", hint="use YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS") from None
-
-
-def audit_list(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import audit
-
-    if args.action_ in ("verify", "checkpoint", "export"):
-        return _audit_checkpoints(args, out)
-    if args.output:
-        raise InvalidInput("--output only goes with `audit export`", hint="vgpumgr audit export --output FILE")
-    svc = service(args)
-    with svc.sessions() as s:
-        events = audit.query(s, vm=args.vm, gpu=args.gpu, since=_time(args.since), until=_time(args.until),
-                             limit=args.limit)
-        if args.json:
-            out.write(audit.to_json(events) + "\n")
-        elif args.csv:
-            out.write(audit.to_csv(events))
-        else:
-            table(out, ["SEQ", "AT", "ACTOR", "ACTION", "OUTCOME", "GPU", "VM", "VGPU", "ERROR"],
-                  [[e.seq, e.at.isoformat()[:19], e.actor, e.action, e.outcome, e.gpu, e.vm, e.vgpu,
-                    (e.error or "")[:60] or None] for e in events], empty="no audit events")
-    return 0
-
-
-def _audit_checkpoints(args: argparse.Namespace, out: TextIO) -> int:
-    """verify, checkpoint and export: the chain, compared with the signed checkpoints outside the database."""
-    from vgpumgr.checkpoints import Checkpointer
-    from vgpumgr.errors import AuditBroken, VgpuError
-
-    if args.csv or args.output and args.action_ != "export":
-        raise InvalidInput(f"`audit {args.action_}` takes neither --csv nor --output",
-                           hint="--output FILE goes with `audit export`; --json with verify and checkpoint")
-    svc = service(args)
-    cp = Checkpointer.from_env(svc.cfg.state_dir, svc.hostname, simulated=svc.host.simulated)
-    engine = svc.sessions.kw["bind"]
-    if args.action_ == "checkpoint":
-        written = cp.write(engine, reason="on demand")
-        if args.json:
-            dump_json(out, written.to_json())
-        else:
-            out.write(written.message() + "\n")
-        return 0
-    with svc.sessions() as s:
-        result = cp.verify(s)
-    written, refused = None, "the chain or a checkpoint is broken"
-    if result.ok:
-        try:
-            written = cp.write(engine, reason=args.action_)
-        except VgpuError as exc:  # e.g. an auditor who may read the state dir but not write it
-            refused = str(exc)
-    note = written.message() if written else f"no checkpoint written: {refused}"
-    if args.action_ == "export":
-        with svc.sessions() as s:
-            _write_bundle(cp.export(s), args.output, out)
-        (out if args.output else sys.stderr).write(result.message() + "\n" + note + "\n")
-        if not result.ok:
-            raise AuditBroken(result.message(), hint="the bundle was written anyway, for whoever investigates")
-        return 0
-    if args.json:
-        dump_json(out, {**result.to_json(), "checkpoint": written.to_json() if written else None,
-                        **({} if written else {"checkpoint_error": refused})})
-    else:
-        out.write(result.message() + "\n" + note + "\n")
-    return 0 if result.ok else AuditBroken.exit_code
-
-
-def _write_bundle(bundle: dict[str, Any], path: str | None, out: TextIO) -> None:
-    import json
-    import os
-    from pathlib import Path
-
-    text = json.dumps(bundle, indent=1, ensure_ascii=False) + "\n"
-    if not path:
-        out.write(text)
-        return
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)  # nothing half-written under the name asked for
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise InvalidInput(f"cannot write the export to {path}: {exc.strerror}",
-                           hint="choose a writable path with --output") from exc
-
-
 def reconcile(args: argparse.Namespace, out: TextIO) -> int:
     if args.remove_unknown and not args.fix:
         raise InvalidInput("--remove-unknown only works with --fix", hint="add --fix")
@@ -387,131 +242,4 @@ def db_current(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.db.session import current_revision
 
     out.write(f"{current_revision(config(args).db_url) or 'base (empty)'}\n")
-    return 0
-
-
-def _layer(args: argparse.Namespace):  # noqa: ANN202
-    from vgpumgr.cli.devices import config
-    from vgpumgr.errors import Unavailable
-    from vgpumgr.nvml_facts import nvml_layer
-
-    cfg = config(args)
-    layer = nvml_layer(cfg)
-    if layer is None or not layer.open():
-        raise Unavailable(getattr(layer, "notice", None) or "NVML is not available for this root",
-                          hint="MIG and scheduler commands need NVIDIA's NVML (or a simulated host with one)")
-    return cfg, layer
-
-
-def _audited(args: argparse.Namespace, action: str, gpu: str, detail: dict[str, Any]) -> None:
-    from vgpumgr.cli.devices import _audit, config
-
-    _audit(config(args), action, gpu=gpu, detail=detail)
-
-
-def _sync(cfg: Any, layer: Any) -> None:
-    cfg.host.kernel.gpu_instances_changed(layer)
-
-
-def mig_list(args: argparse.Namespace, out: TextIO) -> int:
-    _, layer = _layer(args)
-    gpus = layer.gpus()
-    if args.json:
-        dump_json(out, {a: g.get("mig") for a, g in gpus.items()})
-        return 0
-    rows = []
-    for a, g in sorted(gpus.items()):
-        m = g.get("mig") or {}
-        if not m.get("supported"):
-            continue
-        gis = ", ".join(f"{gi['profile']}@{gi['start']} (GI {gi['id']})" for gi in m.get("gpu_instances", []))
-        rows.append([a, g.get("name"), m.get("current"), m.get("pending"), gis or "-"])
-    table(out, ["GPU", "NAME", "MIG", "PENDING", "GPU INSTANCES"], rows, empty="no MIG-capable GPUs")
-    return 0
-
-
-def mig_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids, mig
-
-    _, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    table_ = layer.mig_table(gpu)
-    existing = layer.gpu_instances(gpu)
-    placed = list(existing)
-    for name in args.profile:
-        p = mig.plan(table_, placed, table_.find(name))
-        placed.append(p)
-        out.write(f"{name}: start {p.start} size {p.size}\n")
-    return 0
-
-
-def mig_create(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
-
-    cfg, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.create_gpu_instance(gpu, args.profile, start=args.start, compute_instance=args.compute_instance)
-    _sync(cfg, layer)
-    _audited(args, "mig.gi.create", gpu, res)
-    dump_json(out, res)
-    return 0
-
-
-def mig_destroy(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
-
-    cfg, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.destroy_gpu_instance(gpu, args.gi)
-    _sync(cfg, layer)
-    _audited(args, "mig.gi.destroy", gpu, res)
-    dump_json(out, res)
-    return 0
-
-
-def mig_mode(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
-
-    cfg, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.set_mig_mode(gpu, args.state == "on")
-    _sync(cfg, layer)
-    _audited(args, "mig.mode", gpu, res)
-    dump_json(out, res)
-    if res.get("pending") != res.get("current"):
-        sys.stderr.write("note: the change is pending until the GPU is reset\n")
-    return 0
-
-
-def scheduler_show(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
-
-    _, layer = _layer(args)
-    if args.gpu:
-        dump_json(out, layer.scheduler(ids.pci_address(args.gpu)))
-        return 0
-    gpus = layer.gpus()
-    schedulers = {a: (g.get("vgpu") or {}).get("scheduler") for a, g in sorted(gpus.items())}
-    if args.json:
-        dump_json(out, schedulers)
-        return 0
-    rows = []
-    for a, sch in schedulers.items():
-        if sch is None:  # not a vGPU host driver, or a GPU without time-sliced vGPUs
-            rows.append([a, gpus[a].get("name"), None, None, None, None])
-            continue
-        rows.append([a, gpus[a].get("name"), sch["policy"], "on" if sch["arr"] else "off", sch["timeslice_ns"],
-                     ",".join(sch["supported_policies"] or []) or None])
-    table(out, ["GPU", "NAME", "POLICY", "ARR", "TIMESLICE_NS", "SUPPORTED"], rows, empty="no GPUs known to NVML")
-    return 0
-
-
-def scheduler_set(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
-
-    _, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.set_scheduler(gpu, args.policy, timeslice_ns=args.timeslice_ns)
-    _audited(args, "vgpu.scheduler", gpu, res)
-    dump_json(out, res)
     return 0

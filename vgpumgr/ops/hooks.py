@@ -14,48 +14,50 @@ from typing import Any
 from vgpumgr import ids
 from vgpumgr.errors import Conflict, InvalidInput, NotFound, VgpuError
 from vgpumgr.model import BACKEND_NVIDIA_VF
+from vgpumgr.ops import adopt as adopt_ops
+from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX, Owner
+from vgpumgr.ops.context import Context
 from vgpumgr.placement import Policy
-from vgpumgr.service import Service
 
 
-def _live(service: Service, uuid: str) -> dict[str, Any] | None:
+def _live(svc: Context, uuid: str) -> dict[str, Any] | None:
     try:
-        return service.find_allocation(uuid)
+        return alloc.find_allocation(svc, uuid)
     except NotFound:
         return None
 
 
-def _present(service: Service, uuid: str) -> bool:
-    inv = service.snapshot(refresh=True).inventory
+def _present(svc: Context, uuid: str) -> bool:
+    inv = svc.snapshot(refresh=True).inventory
     return any(m.uuid == uuid for m in inv.mdevs)
 
 
-def ensure(service: Service, *, uuid: str, type_name: str, vm: str, parent: str | None = None,
+def ensure(svc: Context, *, uuid: str, type_name: str, vm: str, parent: str | None = None,
            idempotency_key: str | None = None, actor: str | None = None) -> tuple[dict[str, Any], bool]:
     """(allocation, created) for the mdev `uuid` of `vm`."""
     uuid, vm = ids.mdev_uuid(uuid), ids.vm_name(vm)
     parent = ids.parent_name(parent) if parent else None
-    rec = _live(service, uuid)
+    rec = _live(svc, uuid)
     if rec is not None:
         if rec["vm"] != vm:
             raise Conflict(f"vGPU {uuid} belongs to VM {rec['vm']}, not {vm}",
                            hint="release it from that VM first (`vgpumgr vgpu remove`)", vm=rec["vm"])
-        if _present(service, uuid):
+        if _present(svc, uuid):
             return rec, False
         # The record outlived its device (host reboot): create it again where it was.
         parent = parent or rec["parent"]
         type_name = type_name or rec["type"]
-        service.release(uuid, actor=actor)
-    elif _present(service, uuid):
+        alloc.release(svc, uuid, actor=actor)
+    elif _present(svc, uuid):
         raise Conflict(f"mdev {uuid} exists but vgpumgr has no record of it",
                        hint="`vgpumgr reconcile` lists unknown devices; remove it or let vgpumgr adopt it", uuid=uuid)
     policy = Policy(pin_parent=parent) if parent else None
     try:
-        return service.allocate(type_name, vm=vm, uuid=uuid, policy=policy, idempotency_key=idempotency_key,
+        return alloc.allocate(svc, type_name, vm=vm, uuid=uuid, policy=policy, idempotency_key=idempotency_key,
                                 actor=actor), True
     except Conflict:
-        rec = _live(service, uuid)  # a concurrent retry of the same request won the race
+        rec = _live(svc, uuid)  # a concurrent retry of the same request won the race
         if rec is not None and rec["vm"] == vm:
             return rec, False
         raise
@@ -65,7 +67,7 @@ def _ref(ref: str) -> str:
     return ids.pci_address(ref) if ids.is_pci_address(ref) else ids.mdev_uuid(ref)
 
 
-def release_vm(service: Service, vm: str, refs: list[str] | None = None, *, grace: float = 0.0,
+def release_vm(svc: Context, vm: str, refs: list[str] | None = None, *, grace: float = 0.0,
                actor: str | None = None, check_libvirt: bool = True) -> dict[str, Any]:
     """Release the live vGPUs of `vm` (only those whose UUID or PCI address is in `refs` when given).
 
@@ -74,12 +76,12 @@ def release_vm(service: Service, vm: str, refs: list[str] | None = None, *, grac
     vm = ids.vm_name(vm)
     wanted = {_ref(r) for r in refs} if refs is not None else None
     released, refused, errors = [], [], []
-    for a in service.allocations(vm=vm, live=True):
+    for a in alloc.allocations(svc, vm=vm, live=True):
         ref = a.get("uuid") or a.get("pci_address")
         if wanted is not None and ref not in wanted:
             continue
         try:
-            service.release(ref, actor=actor, grace=grace, check_libvirt=check_libvirt,
+            alloc.release(svc, ref, actor=actor, grace=grace, check_libvirt=check_libvirt,
                             owner=Owner(vm, allocation_id=a["id"]))
             released.append(ref)
         except NotFound:
@@ -116,37 +118,37 @@ def _domain_devices(xml: str) -> tuple[list[str], list[str], dict[str, dict[str,
     return uuids, list(dict.fromkeys(vfs)), meta
 
 
-def _prepare_vf(service: Service, domain: str, address: str, meta: dict[str, Any], key: str | None,
+def _prepare_vf(svc: Context, domain: str, address: str, meta: dict[str, Any], key: str | None,
                 actor: str | None) -> str | None:
     """'ready', 'restored' or 'created' for one unmanaged PCI hostdev; None when vgpumgr has no say in it."""
-    rec = _live(service, address)
+    rec = _live(svc, address)
     type_name = meta.get("type") if meta.get("backend", BACKEND_NVIDIA_VF) == BACKEND_NVIDIA_VF else None
     if rec is not None:
         if rec["backend"] != BACKEND_NVIDIA_VF:
             return None  # a passthrough record: libvirt's business
-        _, written = service.reapply_vf_type(address, vm=domain, actor=actor)
+        _, written = adopt_ops.reapply_vf_type(svc, address, vm=domain, actor=actor)
         return "restored" if written else "ready"
     if not type_name:
         return None  # plain passthrough, or a VF someone else prepares
-    held = next((v for v in service.snapshot(refresh=True).inventory.vf_vgpus if v.address == address), None)
+    held = next((v for v in svc.snapshot(refresh=True).inventory.vf_vgpus if v.address == address), None)
     if held is not None and held.type == ids.type_dir(type_name):
-        service.adopt(backend=BACKEND_NVIDIA_VF, pci_address=address, type_id=type_name, vm=domain,
+        adopt_ops.adopt(svc, backend=BACKEND_NVIDIA_VF, pci_address=address, type_id=type_name, vm=domain,
                       source="libvirt-metadata", actor=actor)
         return "ready"
-    service.allocate(type_name, vm=domain, policy=Policy(pin_parent=address), idempotency_key=key, actor=actor)
+    alloc.allocate(svc, type_name, vm=domain, policy=Policy(pin_parent=address), idempotency_key=key, actor=actor)
     return "created"
 
 
-def libvirt_prepare(service: Service, domain: str, xml: str, *, actor: str | None = None,
+def libvirt_prepare(svc: Context, domain: str, xml: str, *, actor: str | None = None,
                     key_prefix: str | None = None) -> dict[str, Any]:
     """Before a domain starts: each mdev it names must exist (re-created from records or its metadata), and
     each unmanaged PCI hostdev that is a recorded VF vGPU (or whose metadata names a type) must hold it."""
     domain = ids.vm_name(domain)
     uuids, vfs, meta = _domain_devices(xml)
-    present = {m.uuid for m in service.snapshot(refresh=True).inventory.mdevs} if uuids else set()
+    present = {m.uuid for m in svc.snapshot(refresh=True).inventory.mdevs} if uuids else set()
     ready, created, restored = [], [], []
     for n, uuid in enumerate(uuids):
-        rec = _live(service, uuid)
+        rec = _live(svc, uuid)
         m = meta.get(uuid, {})
         type_name = m.get("type") or (rec or {}).get("type")
         parent = m.get("parent") or (rec or {}).get("parent")
@@ -158,41 +160,41 @@ def libvirt_prepare(service: Service, domain: str, xml: str, *, actor: str | Non
                            "nor the domain's metadata say what it should be",
                            hint="create it (`vgpumgr vgpu create --uuid ...`) or remove the hostdev", uuid=uuid)
         key = f"{key_prefix}-{n}" if key_prefix else None
-        _, made = ensure(service, uuid=uuid, type_name=type_name, vm=domain, parent=parent, idempotency_key=key,
+        _, made = ensure(svc, uuid=uuid, type_name=type_name, vm=domain, parent=parent, idempotency_key=key,
                          actor=actor)
         (created if made else ready).append(uuid)
     for n, address in enumerate(vfs):
         key = f"{key_prefix}-vf{n}" if key_prefix else None
-        outcome = _prepare_vf(service, domain, address, meta.get(address, {}), key, actor)
+        outcome = _prepare_vf(svc, domain, address, meta.get(address, {}), key, actor)
         {"ready": ready, "created": created, "restored": restored}.get(outcome or "", []).append(address)
     return {"vm": domain, "ready": ready, "created": created, "restored": restored}
 
 
-def libvirt_release(service: Service, domain: str, xml: str, *, grace: float = 0.0,
+def libvirt_release(svc: Context, domain: str, xml: str, *, grace: float = 0.0,
                     actor: str | None = None) -> dict[str, Any]:
     """After a domain stopped: release the vGPUs vgpumgr recorded for it among the devices it names."""
     uuids, vfs, _ = _domain_devices(xml)
     # libvirtd is waiting for this hook: asking it which domains hold the device would deadlock
-    return release_vm(service, domain, uuids + vfs, grace=grace, actor=actor, check_libvirt=False)
+    return release_vm(svc, domain, uuids + vfs, grace=grace, actor=actor, check_libvirt=False)
 
 
 # -- Proxmox on NVIDIA's vendor-specific VFIO framework: Proxmox writes the type, vgpumgr keeps the books --
-def proxmox_check(service: Service, vm: str, type_name: str, candidates: list[str], *,
+def proxmox_check(svc: Context, vm: str, type_name: str, candidates: list[str], *,
                   actor: str | None = None) -> dict[str, Any]:
     """Proxmox runs pre-start only for a VM that is not running: VF records it still has are stale (a host
     crash or reboot skipped post-stop) and would block its own VF, so they go first (records only)."""
     vm = ids.vm_name(vm)
-    for a in service.allocations(vm=vm, live=True):
+    for a in alloc.allocations(svc, vm=vm, live=True):
         if a["backend"] == BACKEND_NVIDIA_VF:
             try:
-                service.release(a["pci_address"], actor=actor, owner=Owner(vm, allocation_id=a["id"]))
+                alloc.release(svc, a["pci_address"], actor=actor, owner=Owner(vm, allocation_id=a["id"]))
             except NotFound:
                 pass
-    return service.check_start(type_name, vm=vm, candidates=candidates, actor=actor)
+    return adopt_ops.check_start(svc, type_name, vm=vm, candidates=candidates, actor=actor)
 
 
-def proxmox_record(service: Service, vm: str, type_name: str, vf: str, *, actor: str | None = None
+def proxmox_record(svc: Context, vm: str, type_name: str, vf: str, *, actor: str | None = None
                    ) -> tuple[dict[str, Any], bool]:
     """Record the VF Proxmox gave `vm` (it reserved it for the VM, so an older record there is stale)."""
-    return service.adopt(backend=BACKEND_NVIDIA_VF, pci_address=vf, type_id=type_name, vm=vm, supersede=True,
+    return adopt_ops.adopt(svc, backend=BACKEND_NVIDIA_VF, pci_address=vf, type_id=type_name, vm=vm, supersede=True,
                          source="proxmox", detail={"kernel_owner": KERNEL_OWNER_PROXMOX}, actor=actor)

@@ -1,0 +1,166 @@
+"""`vgpumgr mig` and `vgpumgr scheduler`: MIG GPU instances and the vGPU time-slice scheduler, through NVML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from vgpumgr.cli.output import dump_json, table
+
+
+def register(sub: Any, cmd: Any, group: Any) -> None:
+    mig = group("mig", "MIG GPU instances (through NVML)")
+    p = cmd(mig, ("mig", "list"), "vgpumgr.cli.mig:mig_list", "MIG mode, profiles and GPU instances")
+    p.add_argument("--json", action="store_true")
+    p = cmd(mig, ("mig", "plan"), "vgpumgr.cli.mig:mig_plan", "where a profile would go (or why not)")
+    p.add_argument("gpu", metavar="BDF")
+    p.add_argument("profile", nargs="+", metavar="PROFILE", help="one or more profiles: a layout to check")
+    p = cmd(mig, ("mig", "create"), "vgpumgr.cli.mig:mig_create", "create a GPU instance")
+    p.add_argument("gpu", metavar="BDF")
+    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("--start", type=int, help="explicit placement start slice")
+    p.add_argument("--compute-instance", action="store_true")
+    p = cmd(mig, ("mig", "destroy"), "vgpumgr.cli.mig:mig_destroy", "destroy a GPU instance")
+    p.add_argument("gpu", metavar="BDF")
+    p.add_argument("gi", type=int, metavar="GI_ID")
+    p = cmd(mig, ("mig", "mode"), "vgpumgr.cli.mig:mig_mode", "enable or disable MIG mode (reports pending)")
+    p.add_argument("gpu", metavar="BDF")
+    p.add_argument("state", choices=("on", "off"))
+
+    sch = group("scheduler", "vGPU time-slice scheduler (through NVML)")
+    p = cmd(sch, ("scheduler", "show"), "vgpumgr.cli.mig:scheduler_show",
+            "scheduler state of a GPU (JSON), or of every GPU NVML knows")
+    p.add_argument("gpu", metavar="BDF", nargs="?", help="one GPU (default: all of them, as a table)")
+    p.add_argument("--json", action="store_true")
+    p = cmd(sch, ("scheduler", "set"), "vgpumgr.cli.mig:scheduler_set", "set a GPU's scheduler")
+    p.add_argument("gpu", metavar="BDF")
+    p.add_argument("policy", choices=("best-effort", "equal-share", "fixed-share"))
+    p.add_argument("--timeslice-ns", type=int)
+
+
+def _layer(args: argparse.Namespace):  # noqa: ANN202
+    from vgpumgr.cli.devices import config
+    from vgpumgr.errors import Unavailable
+    from vgpumgr.nvml_facts import nvml_layer
+
+    cfg = config(args)
+    layer = nvml_layer(cfg)
+    if layer is None or not layer.open():
+        raise Unavailable(getattr(layer, "notice", None) or "NVML is not available for this root",
+                          hint="MIG and scheduler commands need NVIDIA's NVML (or a simulated host with one)")
+    return cfg, layer
+
+
+def _audited(args: argparse.Namespace, action: str, gpu: str, detail: dict[str, Any]) -> None:
+    from vgpumgr.cli.devices import _audit, config
+
+    _audit(config(args), action, gpu=gpu, detail=detail)
+
+
+def _sync(cfg: Any, layer: Any) -> None:
+    cfg.host.kernel.gpu_instances_changed(layer)
+
+
+def mig_list(args: argparse.Namespace, out: TextIO) -> int:
+    _, layer = _layer(args)
+    gpus = layer.gpus()
+    if args.json:
+        dump_json(out, {a: g.get("mig") for a, g in gpus.items()})
+        return 0
+    rows = []
+    for a, g in sorted(gpus.items()):
+        m = g.get("mig") or {}
+        if not m.get("supported"):
+            continue
+        gis = ", ".join(f"{gi['profile']}@{gi['start']} (GI {gi['id']})" for gi in m.get("gpu_instances", []))
+        rows.append([a, g.get("name"), m.get("current"), m.get("pending"), gis or "-"])
+    table(out, ["GPU", "NAME", "MIG", "PENDING", "GPU INSTANCES"], rows, empty="no MIG-capable GPUs")
+    return 0
+
+
+def mig_plan(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr import ids, mig
+
+    _, layer = _layer(args)
+    gpu = ids.pci_address(args.gpu)
+    table_ = layer.mig_table(gpu)
+    existing = layer.gpu_instances(gpu)
+    placed = list(existing)
+    for name in args.profile:
+        p = mig.plan(table_, placed, table_.find(name))
+        placed.append(p)
+        out.write(f"{name}: start {p.start} size {p.size}\n")
+    return 0
+
+
+def mig_create(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr import ids
+
+    cfg, layer = _layer(args)
+    gpu = ids.pci_address(args.gpu)
+    res = layer.create_gpu_instance(gpu, args.profile, start=args.start, compute_instance=args.compute_instance)
+    _sync(cfg, layer)
+    _audited(args, "mig.gi.create", gpu, res)
+    dump_json(out, res)
+    return 0
+
+
+def mig_destroy(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr import ids
+
+    cfg, layer = _layer(args)
+    gpu = ids.pci_address(args.gpu)
+    res = layer.destroy_gpu_instance(gpu, args.gi)
+    _sync(cfg, layer)
+    _audited(args, "mig.gi.destroy", gpu, res)
+    dump_json(out, res)
+    return 0
+
+
+def mig_mode(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr import ids
+
+    cfg, layer = _layer(args)
+    gpu = ids.pci_address(args.gpu)
+    res = layer.set_mig_mode(gpu, args.state == "on")
+    _sync(cfg, layer)
+    _audited(args, "mig.mode", gpu, res)
+    dump_json(out, res)
+    if res.get("pending") != res.get("current"):
+        sys.stderr.write("note: the change is pending until the GPU is reset\n")
+    return 0
+
+
+def scheduler_show(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr import ids
+
+    _, layer = _layer(args)
+    if args.gpu:
+        dump_json(out, layer.scheduler(ids.pci_address(args.gpu)))
+        return 0
+    gpus = layer.gpus()
+    schedulers = {a: (g.get("vgpu") or {}).get("scheduler") for a, g in sorted(gpus.items())}
+    if args.json:
+        dump_json(out, schedulers)
+        return 0
+    rows = []
+    for a, sch in schedulers.items():
+        if sch is None:  # not a vGPU host driver, or a GPU without time-sliced vGPUs
+            rows.append([a, gpus[a].get("name"), None, None, None, None])
+            continue
+        rows.append([a, gpus[a].get("name"), sch["policy"], "on" if sch["arr"] else "off", sch["timeslice_ns"],
+                     ",".join(sch["supported_policies"] or []) or None])
+    table(out, ["GPU", "NAME", "POLICY", "ARR", "TIMESLICE_NS", "SUPPORTED"], rows, empty="no GPUs known to NVML")
+    return 0
+
+
+def scheduler_set(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr import ids
+
+    _, layer = _layer(args)
+    gpu = ids.pci_address(args.gpu)
+    res = layer.set_scheduler(gpu, args.policy, timeslice_ns=args.timeslice_ns)
+    _audited(args, "vgpu.scheduler", gpu, res)
+    dump_json(out, res)
+    return 0
