@@ -29,6 +29,8 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
         vfs = {v.address: v for v in inv.vf_vgpus}
         missing, unknown, restored, removed, errors = [], [], [], [], []
         for a in live:
+            if a["kernel_owner"]:
+                continue  # its type is written by its owner (Proxmox) when the VM starts, never by vgpumgr
             if a["backend"] == BACKEND_MDEV and a["uuid"] not in mdevs:
                 missing.append(a)
             elif a["backend"] == BACKEND_NVIDIA_VF and a["pci_address"] not in vfs:

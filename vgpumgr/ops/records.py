@@ -22,7 +22,7 @@ def allocation_dict(a: AllocRow, s: Session | None = None) -> dict[str, Any]:
         "id": a.id, "uuid": a.uuid, "pci_address": a.pci_address, "backend": a.backend, "parent": a.parent,
         "gpu": detail.get("gpu"), "type": a.type_id,
         "type_name": a.type_name, "series": a.series, "vm": vm,
-        "state": a.state, "idempotency_key": a.idempotency_key,
+        "state": a.state, "idempotency_key": a.idempotency_key, "kernel_owner": detail.get("kernel_owner"),
         "licence": _edition(session, a.lease_id) if session is not None and a.lease_id else None,
         "created_at": _iso(a.created_at), "activated_at": _iso(a.activated_at), "released_at": _iso(a.released_at),
     }
