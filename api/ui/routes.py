@@ -131,8 +131,8 @@ async def logout(request: Request, fields: dict[str, str] = Depends(form)) -> Re
 def overview(request: Request, svc: Service = Depends(service), _: Token = Depends(reader)) -> Response:
     inv = svc.snapshot().inventory
     live = views.live_by_ref(svc)
+    chain = svc.verify_audit()
     with svc.sessions() as s:
-        chain = audit.verify(s)
         editions = licensing.usage(s)
     return render(request, "overview.html", host=svc.hostname, simulated=svc.host.simulated,
                   gpus=views.overview_rows(inv, live), live=len(live), chain=chain, editions=editions,
@@ -229,7 +229,7 @@ def audit_page(request: Request, q: AuditQuery = Depends(), svc: Service = Depen
                _: Token = Depends(reader)) -> Response:
     with svc.sessions() as s:
         events = [audit.to_dict(e) for e in audit.query(s, newest_first=True, **q.filters)]
-        chain = audit.verify(s)
+    chain = svc.verify_audit()
     shown = {k: ("" if v is None else (v.isoformat() if isinstance(v, datetime) else str(v)))
              for k, v in q.filters.items()}
     export = urlencode({k: v for k, v in shown.items() if v})

@@ -70,14 +70,13 @@ def audit_list(args: argparse.Namespace, out: TextIO) -> int:
 
 def _audit_checkpoints(args: argparse.Namespace, out: TextIO) -> int:
     """verify, checkpoint and export: the chain, compared with the signed checkpoints outside the database."""
-    from vgpumgr.checkpoints import Checkpointer
     from vgpumgr.errors import AuditBroken, VgpuError
 
     if args.csv or args.output and args.action_ != "export":
         raise InvalidInput(f"`audit {args.action_}` takes neither --csv nor --output",
                            hint="--output FILE goes with `audit export`; --json with verify and checkpoint")
     svc = service(args)
-    cp = Checkpointer.from_env(svc.cfg.state_dir, svc.hostname, simulated=svc.host.simulated)
+    cp = svc.checkpointer
     engine = svc.sessions.kw["bind"]
     if args.action_ == "checkpoint":
         written = cp.write(engine, reason="on demand")
@@ -86,8 +85,7 @@ def _audit_checkpoints(args: argparse.Namespace, out: TextIO) -> int:
         else:
             out.write(written.message() + "\n")
         return 0
-    with svc.sessions() as s:
-        result = cp.verify(s)
+    result = svc.verify_audit()
     written, refused = None, "the chain or a checkpoint is broken"
     if result.ok:
         try:

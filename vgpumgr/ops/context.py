@@ -52,8 +52,8 @@ class Context:
         self.licence_mode = licensing.check_mode(licence_mode or os.environ.get("VGPUMGR_LICENCE_MODE", "warn"))
         ensure_schema(cfg.db_url)
         self.sessions = session_factory(cfg.db_url)
-        checkpoints.attach(self.sessions, checkpoints.Checkpointer.from_env(cfg.state_dir, self.hostname,
-                                                                            simulated=self.host.simulated))
+        self.checkpointer = checkpoints.attach(self.sessions, checkpoints.Checkpointer.from_env(
+            cfg.state_dir, self.hostname, simulated=self.host.simulated))
         self.lock_path = cfg.state_dir / "vgpumgr.lock"
         self.snapshot_ttl = snapshot_ttl
         # A simulated host has no vendor driver that could remove an mdev by itself, so nothing to wait for.
@@ -95,6 +95,11 @@ class Context:
     def record_failure(self, action: str, error: BaseException, *, actor: str | None = None, **kw: Any) -> None:
         with self.tx() as s:
             self.event(s, action, FAILED, actor=actor, error=str(error), **kw)
+
+    def verify_audit(self) -> audit.VerifyResult:
+        """The hash chain walked and compared with every signed checkpoint outside the database."""
+        with self.sessions() as s:
+            return self.checkpointer.verify(s)
 
     # -- rows this process keeps the ids of -----------------------------------------------------
     def host_id(self, s: Session) -> int:
