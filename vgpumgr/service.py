@@ -14,6 +14,7 @@ from vgpumgr.db.session import ensure_schema, session_factory
 from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops import reconcile as reconcile_ops
+from vgpumgr.ops import restore as restore_ops
 from vgpumgr.ops import vms as vm_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context, Snapshot, hostname
 from vgpumgr.ops.records import allocation_dict, hostdev_for, metadata_for
@@ -44,6 +45,8 @@ class Service(Context):
     free_gpu_instances = mig_ops.free_gpu_instances
 
     reconcile = reconcile_ops.reconcile
+
+    restore = restore_ops.restore
 
 
 def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None = None, vm: str | None = None,

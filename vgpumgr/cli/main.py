@@ -36,6 +36,7 @@ EXTRA_MODULES = {
                             "db", "mig", "scheduler"),
     "vgpumgr.cli.vm": ("vm",),
     "vgpumgr.cli.service": ("serve", "token"),
+    "vgpumgr.cli.restore": ("restore", "profile"),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 
