@@ -87,10 +87,12 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
         run("vm", "create", "web2", "--vgpu", "T4-4Q", expect_fail=True)
         run("placements")
 
-        say("8. A reboot loses the vGPUs; reconcile reports and restores them with their UUIDs")
+        say("8. A reboot loses the vGPUs (and VFs, MIG GPU instances); restore brings them back from the records")
         run("sim", "reboot")
         run("reconcile", expect_fail=True)
-        run("reconcile", "--fix")
+        run("restore", "--dry-run")
+        run("restore")
+        run("reconcile")
 
         say("9. Delete the VMs: devices removed, seats released")
         run("vm", "delete", "web1")
