@@ -210,6 +210,16 @@ def test_unknown_mdevs_are_left_alone_unless_they_take_the_room_or_force(tmp_pat
     assert {m.uuid for m in discover_mdevs(host)} == {a["uuid"]}
 
 
+def test_mdevs_on_virtual_parents_come_back_too(tmp_path: Path) -> None:
+    svc = make_service(tmp_path, "samples")
+    a = svc.allocate("mtty-2", vm="a")
+    real_reboot(svc)
+    assert discover_mdevs(svc.host) == []
+    r = svc.restore()
+    assert statuses(r) == [("mdev", a["uuid"], "done")]
+    assert [(m.uuid, m.parent) for m in discover_mdevs(svc.host)] == [(a["uuid"], "mtty")]
+
+
 def test_only_recorded_gpus_are_touched(tmp_path: Path) -> None:
     svc = make_service(tmp_path, "mixed", vfs=4)
     svc.allocate("T4-4Q", vm="a")

@@ -193,6 +193,8 @@ class GpuRun:
 
     # -- 4. VF vGPU types --------------------------------------------------------------------------
     def _vfs_on_gpu(self) -> list[str]:
+        if not ids.is_pci_address(self.w.gpu):  # a virtual mdev parent (mtty)
+            return []
         return sriov.vfs(self.host, self.w.gpu) if (self.host.pci(self.w.gpu) / "sriov_numvfs").exists() else []
 
     def vf_types(self) -> None:
