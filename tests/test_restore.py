@@ -30,21 +30,9 @@ def make_service(tmp_path: Path, profile: str, **kw: object) -> Service:
 
 
 def real_reboot(svc: Service) -> None:
-    """What a host reboot takes away: mdevs and VF types (`sim reboot`), and (until the simulator's reboot
-    does it itself) the VFs, every GPU instance, and MIG mode on Hopper."""
-    host = svc.host
-    sim_reboot(host.root)
-    for pf in sorted(p.name for p in host.pci_devices.iterdir()):
-        if (read_int(f"{host.pci(pf)}/sriov_numvfs", 0) or 0) > 0:
-            host.write(host.pci(pf) / "sriov_numvfs", "0")
-    layer = svc.nvml() if (host.root / ".vgpumgr-nvml.json").exists() else None
-    if layer is not None:
-        for addr, g in layer.gpus().items():
-            for gi in (g.get("mig") or {}).get("gpu_instances", []):
-                layer.destroy_gpu_instance(addr, gi["id"])
-            if g["name"] and "H100" in g["name"] and (g.get("mig") or {}).get("current") == "enabled":
-                layer.set_mig_mode(addr, False)
-        host.kernel.gpu_instances_changed(layer)
+    """What a host reboot takes away (the simulator's faithful reboot): VFs, VF types, mdevs, GPU instances,
+    and MIG mode on Hopper."""
+    sim_reboot(svc.host.root)
     svc.invalidate()
 
 

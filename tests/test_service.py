@@ -259,6 +259,9 @@ def test_reconcile_after_a_simulated_reboot(tmp_path: Path) -> None:
     a = svc.allocate("T4-4Q", vm="web1")
     b = svc.allocate("L40S-2Q", vm="web1")
     reboot(svc.host.root)
+    from vgpumgr.backends import sriov  # a reboot disables the VFs; sriov-manage -e (later `restore`) brings them back
+
+    sriov.set_numvfs(svc.host, "0000:3d:00.0", 8, allow_nvidia=True)
     stray = mdev_backend.create(svc.host, "0000:00:02.0", "i915-GVTg_V5_4")  # made behind vgpumgr's back
     r = svc.reconcile()
     assert set(r["missing"]) == {a["uuid"], b["pci_address"]}

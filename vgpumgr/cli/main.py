@@ -137,7 +137,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--vfs", type=int, default=None, help="VFs to enable per SR-IOV GPU")
     p.add_argument("--force", action="store_true", help="rebuild an existing simulated tree")
     p = cmd(sim, ("sim", "reboot"), "vgpumgr.sim.cli:reboot",
-            "lose every mdev and VF vGPU type, as a host reboot or driver reload does")
+            "lose what a host reboot or driver reload loses: VFs, vGPU types, mdevs, MIG instances")
+    p.add_argument("--json", action="store_true")
     p = cmd(sim, ("sim", "hold"), "vgpumgr.sim.cli:hold", "pretend a process holds a device open (tests, demo)")
     p.add_argument("target", metavar="UUID|BDF")
     p.add_argument("--by", default="qemu-system-x86", help="process name")

@@ -50,5 +50,23 @@ def reboot(args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidInput("`sim reboot` only works on a simulated root",
                            hint="pass --sysfs-root DIR of a simulated host")
     lost = sim_reboot(cfg.host.root)
+    if args.json:
+        from vgpumgr.cli.output import dump_json
+
+        dump_json(out, lost)
+        return 0
     out.write(f"simulated reboot: {lost['mdevs']} mdev(s) and {lost['vf_vgpus']} VF vGPU type(s) are gone\n")
+    for pf, n in lost["vfs"].items():
+        out.write(f"  {pf}: {n} VF(s) disabled (the driver does not enable them again; "
+                  "sriov-manage -e or `vgpumgr restore` does)\n")
+    for gpu, n in lost["gpu_instances"].items():
+        out.write(f"  {gpu}: {n} MIG GPU instance(s) gone\n")
+    for gpu in lost["mig_off"]:
+        out.write(f"  {gpu}: MIG mode is off again (Hopper and newer do not keep it across a reboot)\n")
+    for gpu in lost["heterogeneous_off"]:
+        out.write(f"  {gpu}: mixed-size vGPU mode is off again\n")
+    for dev, (before, after) in lost["drivers"].items():
+        out.write(f"  {dev}: back on its default driver ({before or 'none'} -> {after or 'none'})\n")
+    if lost["iommu_groups"]:
+        out.write(f"  IOMMU groups renumbered in bus order for {len(lost['iommu_groups'])} function(s)\n")
     return 0

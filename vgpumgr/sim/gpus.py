@@ -88,9 +88,7 @@ def enable_vfs(tree: SimTree, pf: str, count: int) -> None:
             write(d / "nvidia/creatable_vgpu_types", "ID    : vGPU Name\n")
             write(d / "nvidia/vgpu_params", "\n")
             write(d / "nvidia/placement_id", "Not Applicable\n")
-    write(pfdir / "sriov_numvfs", f"{count}\n")
-    if pf in tree.state["gpus"]:
-        refresh(tree, pf)
+    write(pfdir / "sriov_numvfs", f"{count}\n")  # the callers refresh what is creatable afterwards
 
 
 def disable_vfs(tree: SimTree, pf: str) -> None:

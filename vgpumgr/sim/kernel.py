@@ -11,8 +11,8 @@ import errno
 import fcntl
 import os
 import re
-import shutil
 from pathlib import Path
+from typing import Any
 
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import rules
@@ -230,31 +230,8 @@ def _held(root: Path, target: str) -> bool:
     return False
 
 
-def reboot(root: Path) -> dict[str, int]:
-    """What a host reboot (or a vendor driver reload) does to runtime vGPU state: every mdev and every
-    VF vGPU type is gone. VFs and MIG GPU instances are kept, as if a boot unit had re-created them."""
-    root = Path(root)
-    with open(root / ".vgpumgr-sim.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        tree = SimTree(root)
-        mdevs = 0
-        for link in sorted((tree.sys / "bus/mdev/devices").iterdir()):
-            tree.remove_mdev(link.resolve())
-            mdevs += 1
-        vfs = 0
-        pci = tree.sys / "bus/pci/devices"
-        for dev in sorted(pci.iterdir()) if pci.is_dir() else []:
-            cur = dev / "nvidia/current_vgpu_type"
-            if cur.exists() and cur.read_text().strip() != "0":
-                write(cur.resolve(), "0\n")
-                vfs += 1
-        for proc in (root / "proc").iterdir():  # no process survives a reboot
-            shutil.rmtree(proc, ignore_errors=True)
-        for pf in tree.state["gpus"]:
-            simgpus.refresh(tree, pf)
-        for parent in tree.state["samples"]:
-            KernelEmulator.__new__(KernelEmulator)._refresh_parent(tree, tree.parent_dir(parent))
-        tree.save()
-    return {"mdevs": mdevs, "vf_vgpus": vfs}
+def reboot(root: Path) -> dict[str, Any]:
+    """A host reboot or driver reload: see vgpumgr.sim.reboot (kept here for existing callers)."""
+    from vgpumgr.sim.reboot import reboot as _reboot
 
-
+    return _reboot(root)

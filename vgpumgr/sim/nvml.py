@@ -67,6 +67,7 @@ class GpuSpec:
     mig_default: tuple[int, int]
     reset_for_mig: bool  # Ampere: a MIG mode change stays pending until a GPU reset
     types: tuple[VgpuTypeSpec, ...]
+    mig_persistent: bool = False  # Ampere keeps MIG mode in the InfoROM across reboots; Hopper+ loses it
 
 
 def _timesliced(prefix: str, first_id: int, gbs: Sequence[int], series: str, total_gb: int) -> list[VgpuTypeSpec]:
@@ -92,7 +93,7 @@ SIM_PROFILES: dict[str, GpuSpec] = {
         tuple(_timesliced("GRID A100D", 692, (4, 8, 10, 16, 20, 40, 80), "C", 80)
               + _mig_types("GRID A100D-", "a100-80gb", ((699, "1-10C"), (700, "2-20C"), (701, "3-40C"),
                                                          (702, "4-40C"), (703, "7-80C"), (707, "1-10CME"),
-                                                         (1054, "1-20C"))))),
+                                                         (1054, "1-20C")))), mig_persistent=True),
     "h100": GpuSpec(
         "NVIDIA H100 80GB HBM3", (0x10DE, 0x2330), (0x10DE, 0x16C1), 81559, "h100-80gb", (0, 0), False,
         tuple(_timesliced("NVIDIA H100XM", 90001, (4, 5, 8, 10, 16, 20, 40, 80), "C", 80)
@@ -125,6 +126,29 @@ def create_state(state_path: str | os.PathLike[str], gpus: Sequence[tuple[str, s
             "scheduler": {"policy": 1, "arr": 0, "timeslice_ns": 0}, "lost": False, "not_supported": [],
         })
     _write(Path(state_path), {"version": STATE_VERSION, "driver_version": driver_version, "gpus": entries})
+
+
+def reboot_state(state_path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """What a host reboot does to NVML's view: GPU and compute instances and heterogeneous mode are gone;
+    a pending MIG mode takes effect (the reset happened); MIG mode survives only where the GPU keeps it
+    (Ampere), on Hopper and newer it comes back off. Returns, per GPU address, what it lost."""
+    path = Path(state_path)
+    lost: dict[str, dict[str, Any]] = {}
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(path.read_text(encoding="utf-8"))
+        for gpu in state["gpus"]:
+            spec = SIM_PROFILES[gpu["profile"]]
+            before = list(gpu["mig_mode"])
+            mode = before[1] if spec.mig_persistent else 0
+            gpu["mig_mode"] = [mode, mode]
+            lost[gpu["address"]] = {"gpu_instances": len(gpu["gpu_instances"]),
+                                    "mig_mode": before, "mig_mode_after": [mode, mode],
+                                    "heterogeneous_mode": gpu["heterogeneous_mode"]}
+            gpu["gpu_instances"] = []
+            gpu["heterogeneous_mode"] = 0
+        _write(path, state)
+    return lost
 
 
 def _write(path: Path, state: dict[str, Any]) -> None:

@@ -64,40 +64,55 @@ def _gvtg() -> dict[str, Any]:
             "class": "0x030000", "driver": "i915", "iface": GVTG, "total_fb_mb": 0}
 
 
-def _bus(base: int, copy: int) -> int:
-    return base + copy * 2
+class _Buses:
+    """Hands out one PCI bus per GPU, each behind its own root port on the bus just below it.
+
+    A copy asks for its profile's base bus plus two per copy; if that bus or its port's bus is taken
+    (another model's GPU, another copy), it gets the next free pair above, so no two GPUs ever share
+    an address and every copy keeps its own IOMMU group and NVML index."""
+
+    def __init__(self, profile: str, scale: int) -> None:
+        self.profile, self.scale = profile, scale
+        self.used: set[int] = {0}  # bus 0: the root complex (GVT-g's 00:02.0 lives there)
+
+    def take(self, preferred: int) -> int:
+        bus = preferred
+        while bus in self.used or bus - 1 in self.used:
+            bus += 2
+        if bus > 0xFF:
+            raise InvalidInput(f"--scale {self.scale} is too large for profile {self.profile}: "
+                               "the GPUs no longer fit on 256 PCI buses", hint="use a smaller --scale")
+        self.used |= {bus, bus - 1}
+        return bus
 
 
 def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
-    def gpus(base_bus: int, make: Callable[[int], dict[str, Any]], numa_alternate: bool = True) -> None:
-        for c in range(scale):
-            bus = _bus(base_bus, c)
-            if bus > 0xFF:
-                raise InvalidInput(f"--scale {scale} is too large for profile {profile}", hint="use a smaller --scale")
-            add_gpu(tree, f"0000:{bus:02x}:00.0", make(c % 2 if numa_alternate else 0))
+    """Copy 0 of every model first, at the addresses a single host has; then copy 1 of each, and so on."""
+    def n(default: int) -> int:
+        return default if vfs is None else vfs
 
-    if profile == "t4":
-        gpus(0x3B, _t4)
-    elif profile == "a40-sriov":
-        gpus(0x41, lambda n: _a40(n, 32 if vfs is None else vfs))
-    elif profile == "l40s-vfio":
-        gpus(0x3D, lambda n: _l40s(n, 32 if vfs is None else vfs))
-    elif profile == "a100-mig":
-        gpus(0x65, lambda n: _a100(n, 20 if vfs is None else vfs))
-    elif profile == "h100-mig":
-        gpus(0x19, lambda n: _h100(n, 32 if vfs is None else vfs))
-    elif profile == "gvtg":
+    models: dict[str, list[tuple[int, Callable[[int], dict[str, Any]]]]] = {
+        "t4": [(0x3B, _t4)],
+        "a40-sriov": [(0x41, lambda numa: _a40(numa, n(32)))],
+        "l40s-vfio": [(0x3D, lambda numa: _l40s(numa, n(32)))],
+        "a100-mig": [(0x65, lambda numa: _a100(numa, n(20)))],
+        "h100-mig": [(0x19, lambda numa: _h100(numa, n(32)))],
+        "mixed": [(0x3B, lambda _: _t4(0)), (0x3D, lambda _: _l40s(0, n(8))), (0x65, lambda _: _a100(1, n(8)))],
+    }
+    if profile == "gvtg":
         add_gpu(tree, "0000:00:02.0", _gvtg())
-    elif profile == "samples":
+        return
+    if profile == "samples":
         add_samples(tree)
-    elif profile == "mixed":
-        add_gpu(tree, "0000:00:02.0", _gvtg())
-        for c in range(scale):
-            add_gpu(tree, f"0000:{_bus(0x3B, c):02x}:00.0", _t4(0))
-            add_gpu(tree, f"0000:{_bus(0x3D, c):02x}:00.0", _l40s(0, 8 if vfs is None else vfs))
-            add_gpu(tree, f"0000:{_bus(0x65, c):02x}:00.0", _a100(1, 8 if vfs is None else vfs))
-    else:
+        return
+    if profile not in models:
         raise InvalidInput(f"unknown simulator profile '{profile}'", hint=f"choose one of: {', '.join(PROFILES)}")
+    if profile == "mixed":
+        add_gpu(tree, "0000:00:02.0", _gvtg())
+    buses = _Buses(profile, scale)
+    plan = [(buses.take(base + 2 * copy), make, copy) for copy in range(scale) for base, make in models[profile]]
+    for bus, make, copy in plan:  # all addresses first: a scale that does not fit fails before any work
+        add_gpu(tree, f"0000:{bus:02x}:00.0", make(copy % 2))
 
 
 PROFILES = ("t4", "a40-sriov", "l40s-vfio", "a100-mig", "h100-mig", "gvtg", "samples", "mixed")

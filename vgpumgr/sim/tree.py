@@ -19,8 +19,13 @@ INTEL = "8086"
 
 
 def write(path: Path, content: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content)
+    try:
+        f = open(path, "w")
+    except FileNotFoundError:  # first file of a new directory: make it only then (keeps `sim create` fast)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "w")
+    with f:
+        f.write(content)
 
 
 def update(path: Path, content: str) -> None:
@@ -173,21 +178,51 @@ class SimTree:
         (self.sys / "bus/pci/devices" / address).unlink()
         _rmtree(d)
 
+    def renumber_iommu_groups(self) -> dict[str, tuple[int, int]]:
+        """Number the groups as a boot does: the IOMMU driver meets the PCI functions in bus order and
+        gives each the lowest free number, so the survivors of a reboot get first.., first+1, ... in
+        BDF order and functions created later (VFs, mdevs) take the numbers after them. Returns
+        {address: (old, new)} for the functions whose number changed."""
+        groups = self.sys / "kernel/iommu_groups"
+        vfio = self.root / "dev/vfio"
+        devices = sorted(os.listdir(self.sys / "bus/pci/devices"), key=bdf_split)
+        old = {a: int(os.path.basename(os.readlink(self.device_dir(a) / "iommu_group"))) for a in devices}
+        on_vfio = {a for a in devices if (self.device_dir(a) / "driver").is_symlink()
+                   and os.path.basename(os.readlink(self.device_dir(a) / "driver")) == "vfio-pci"}
+        for g in os.listdir(groups):  # a boot starts with no groups and no /dev/vfio nodes but the container
+            _rmtree(groups / g)
+        for node in os.listdir(vfio):
+            if node != "vfio":
+                (vfio / node).unlink()
+        first = self.state.get("first_iommu_group", 10)
+        changed = {}
+        for n, address in enumerate(devices, start=first):
+            d = self.device_dir(address)
+            link(d / "iommu_group", groups / str(n))
+            link(groups / str(n) / "devices" / address, d)
+            write(vfio / f".group-{n}", "")
+            if address in on_vfio:
+                write(vfio / str(n), "")
+            if old[address] != n:
+                changed[address] = (old[address], n)
+        return changed
+
     # -- mdev parents and types -----------------------------------------------------------------
     def register_parent(self, parent: str, pdir: Path) -> None:
         link(self.sys / "class/mdev_bus" / parent, pdir)
 
     def add_type(self, pdir: Path, type_dir: str, name: str | None, description: str | None,
                  available: int) -> None:
-        t = pdir / "mdev_supported_types" / type_dir
+        t = os.path.join(pdir, "mdev_supported_types", type_dir)
+        os.makedirs(os.path.join(t, "devices"), exist_ok=True)  # once, not per file: thousands of types per host
+        files = {"device_api": "vfio-pci\n", "available_instances": f"{available}\n", "create": ""}
         if name is not None:
-            write(t / "name", f"{name}\n")
+            files["name"] = f"{name}\n"
         if description is not None:
-            write(t / "description", description if description.endswith("\n") else description + "\n")
-        write(t / "device_api", "vfio-pci\n")
-        write(t / "available_instances", f"{available}\n")
-        write(t / "create", "")
-        (t / "devices").mkdir(exist_ok=True)
+            files["description"] = description if description.endswith("\n") else description + "\n"
+        for fname, content in files.items():
+            with open(os.path.join(t, fname), "w") as f:
+                f.write(content)
 
     def add_virtual_parent(self, name: str) -> Path:
         pdir = self.sys / f"devices/virtual/{name}/{name}"
