@@ -86,8 +86,8 @@ def _default_driver(tree: SimTree, address: str, report: dict[str, Any]) -> None
 
 def _reset_mig(tree: SimTree, report: dict[str, Any]) -> None:
     """NVML's side first (it owns MIG state), then the driver's view in the sysfs state follows it."""
-    from vgpumgr.sim.platform import nvml_state_path as sim_state_path
     from vgpumgr.sim.nvml import reboot_state
+    from vgpumgr.sim.platform import nvml_state_path as sim_state_path
 
     path = sim_state_path(tree.root)
     lost = reboot_state(path) if path.exists() else {}
