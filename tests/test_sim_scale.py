@@ -14,9 +14,9 @@ from vgpumgr.discovery.pci import discover_gpus
 from vgpumgr.errors import InvalidInput
 from vgpumgr.host import Host
 from vgpumgr.inventory import discover_types
-from vgpumgr.nvml_facts import sim_state_path
 from vgpumgr.sim import profiles
 from vgpumgr.sim.nvml import SimNvml
+from vgpumgr.sim.platform import nvml_state_path as sim_state_path
 
 SCALED = ("t4", "a40-sriov", "l40s-vfio", "a100-mig", "h100-mig", "mixed")
 

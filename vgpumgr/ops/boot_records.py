@@ -29,10 +29,6 @@ class RecordedGi:
     size: int
     compute_instance: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "profile": self.profile, "profile_id": self.profile_id, "start": self.start,
-                "size": self.size, "compute_instance": self.compute_instance}
-
 
 def _state_row(s: Session, host_id: int, address: str) -> GpuBootState:
     row = s.scalars(select(GpuBootState).where(GpuBootState.host_id == host_id,

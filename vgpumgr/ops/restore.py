@@ -38,11 +38,6 @@ class Want:
     vf_types: dict[str, tuple[str, str]] = field(default_factory=dict)  # VF -> (type, "records"|"profile")
     mdevs: list[dict[str, Any]] = field(default_factory=list)  # allocation dicts
 
-    def to_json(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "numvfs": self.numvfs, "mig": self.mig,
-                "gpu_instances": [g.to_json() for g in self.gis],
-                "vf_types": {k: v[0] for k, v in self.vf_types.items()}, "mdevs": [m["uuid"] for m in self.mdevs]}
-
 
 def restore(svc: Context, *, dry_run: bool = False, force: bool = False, profile: BootProfile | None = None,
             actor: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
