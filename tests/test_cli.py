@@ -140,7 +140,7 @@ def test_demo_runs_the_main_job(tmp_path: Path) -> None:
     rc, out, err = run("demo", "--dir", str(tmp_path / "demo"))
     assert rc == 0, err + out
     for marker in ("$ vgpumgr vm create web1 --vgpu T4-4Q", "VM ml1 defined", "no free vWS licence seat",
-                   "restored:", "audit chain intact", "demo finished"):
+                   "restore: ", "recorded vGPUs missing on the host: 0", "audit chain intact", "demo finished"):
         assert marker in out
 
 

@@ -233,7 +233,7 @@ def test_bad_paths_mappings_and_configs_are_refused_clearly(server: Server, qm: 
     assert server.vf_types() == {}
 
 
-def test_reconcile_never_writes_a_type_that_proxmox_owns(server: Server, qm: QemuServer) -> None:
+def test_reconcile_and_restore_never_write_a_type_that_proxmox_owns(server: Server, qm: QemuServer) -> None:
     (qm.pve / "qemu-server/107.conf").write_text(f"hostpci0: {VF4},mdev=nvidia-1150\n")
     assert qm.start(107, [VF4], "nvidia-1150")
     [rec] = records(server, "pve-107")
@@ -242,5 +242,7 @@ def test_reconcile_never_writes_a_type_that_proxmox_owns(server: Server, qm: Qem
     report = Service(server.cfg).reconcile(fix=True)
     assert VF4 not in report["missing"] and VF4 not in report["restored"]
     assert qm.vf_type(VF4) == 0  # Proxmox writes it at the VM's next start; vgpumgr keeps out
+    Service(server.cfg).restore()
+    assert qm.vf_type(VF4) == 0  # the boot-time restore keeps out too
     assert qm.hook(107, "post-stop").returncode == 0
     assert records(server, "pve-107") == []

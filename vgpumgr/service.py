@@ -18,6 +18,7 @@ from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import leases as lease_ops
 from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops import reconcile as reconcile_ops
+from vgpumgr.ops import restore as restore_ops
 from vgpumgr.ops import vms as vm_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context, Snapshot, hostname
 from vgpumgr.ops.records import allocation_dict, hostdev_for, metadata_for
@@ -61,6 +62,8 @@ class Service(Context):
     libvirt_release = hook_ops.libvirt_release
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
+
+    restore = restore_ops.restore
 
 
 def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None = None, vm: str | None = None,

@@ -208,6 +208,9 @@ def sriov_set(args: argparse.Namespace, out: TextIO) -> int:
     cfg = config(args)
     vfs = sriov.set_numvfs(cfg.host, args.pf, args.count, allow_nvidia=args.allow_nvidia)
     _audit(cfg, "sriov.set", gpu=ids.pci_address(args.pf), detail={"numvfs": args.count})
+    from vgpumgr.ops import boot_records
+
+    boot_records.note(cfg, boot_records.remember_numvfs, args.pf, len(vfs))  # `vgpumgr restore` brings it back
     out.write(f"{ids.pci_address(args.pf)}: {len(vfs)} VFs{': ' + ' '.join(vfs) if vfs else ''}\n")
     return 0
 

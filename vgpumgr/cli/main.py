@@ -39,6 +39,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.mig": ("mig", "scheduler"),
     "vgpumgr.cli.vm": ("vm",),
     "vgpumgr.cli.service": ("serve", "token", "install-units"),
+    "vgpumgr.cli.restore": ("restore", "profile"),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 

@@ -62,6 +62,13 @@ def _sync(cfg: Any, layer: Any) -> None:
     cfg.host.kernel.gpu_instances_changed(layer)
 
 
+def _boot_record(cfg: Any, what: str, *args: Any) -> None:
+    """Keep what `vgpumgr restore` brings back after a reboot in step with a manual MIG change."""
+    from vgpumgr.ops import boot_records
+
+    boot_records.note(cfg, getattr(boot_records, what), *args)
+
+
 def mig_list(args: argparse.Namespace, out: TextIO) -> int:
     _, layer = _layer(args)
     gpus = layer.gpus()
@@ -102,6 +109,7 @@ def mig_create(args: argparse.Namespace, out: TextIO) -> int:
     res = layer.create_gpu_instance(gpu, args.profile, start=args.start, compute_instance=args.compute_instance)
     _sync(cfg, layer)
     _audited(args, "mig.gi.create", gpu, res)
+    _boot_record(cfg, "remember_gpu_instance", gpu, res)
     dump_json(out, res)
     return 0
 
@@ -114,6 +122,7 @@ def mig_destroy(args: argparse.Namespace, out: TextIO) -> int:
     res = layer.destroy_gpu_instance(gpu, args.gi)
     _sync(cfg, layer)
     _audited(args, "mig.gi.destroy", gpu, res)
+    _boot_record(cfg, "forget_gpu_instance", gpu, res["start"])
     dump_json(out, res)
     return 0
 
@@ -126,6 +135,7 @@ def mig_mode(args: argparse.Namespace, out: TextIO) -> int:
     res = layer.set_mig_mode(gpu, args.state == "on")
     _sync(cfg, layer)
     _audited(args, "mig.mode", gpu, res)
+    _boot_record(cfg, "remember_mig_mode", gpu, args.state == "on")
     dump_json(out, res)
     if res.get("pending") != res.get("current"):
         sys.stderr.write("note: the change is pending until the GPU is reset\n")

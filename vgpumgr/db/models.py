@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Date,
     DateTime,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -301,3 +303,38 @@ class AuditHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
     hash: Mapped[str] = mapped_column(String(64))
+
+
+class GpuBootState(Base):
+    """What a reboot takes from a GPU that vgpumgr uses: how many VFs its PF had, and whether MIG was on
+    (None: not known / not to be touched). `vgpumgr restore` brings it back."""
+
+    __tablename__ = "gpu_boot_state"
+    __table_args__ = (
+        UniqueConstraint("host_id", "address", name="uq_gpu_boot_state_host_address"),
+        CheckConstraint("numvfs IS NULL OR numvfs >= 0", name="ck_gpu_boot_state_numvfs"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    address: Mapped[str] = mapped_column(String(16))
+    numvfs: Mapped[int | None] = mapped_column(Integer)
+    mig_enabled: Mapped[bool | None] = mapped_column(Boolean)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class MigGpuInstance(Base):
+    """A MIG GPU instance vgpumgr made or used, at its placement (GI ids change when it is re-created)."""
+
+    __tablename__ = "mig_gpu_instances"
+    __table_args__ = (UniqueConstraint("host_id", "gpu", "start", name="uq_mig_gpu_instances_host_gpu_start"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    gpu: Mapped[str] = mapped_column(String(16))
+    profile: Mapped[str] = mapped_column(String(32))
+    profile_id: Mapped[int] = mapped_column(Integer)
+    start: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(Integer)
+    compute_instance: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -26,7 +26,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATIONS_DIR = data_dir("migrations")
 # The newest migration. Stamped here so that a start can compare it with the database's revision
 # without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
-SCHEMA_REVISION = "0004_leases"
+SCHEMA_REVISION = "0005_restore"
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()

@@ -19,7 +19,7 @@ from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
-from vgpumgr.ops import leases
+from vgpumgr.ops import boot_records, leases
 from vgpumgr.ops.context import FAILED, Context
 from vgpumgr.ops.records import allocation_dict
 from vgpumgr.placement import Allocation as PlacedAlloc
@@ -113,9 +113,12 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
         with svc.tx() as s:
             row = s.get(AllocRow, row_id)
             store.activate(s, row, keep_owner=leases.is_holding())
+            if c.gpu and c.parent != c.gpu and ids.is_pci_address(c.parent):  # on a VF: remember its PF's VFs
+                boot_records.remember_vfs_of(s, svc.host_id(s), svc.host, c.gpu)
             svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
                        detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
             return allocation_dict(row, s)
+
 
 def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,
             free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:

@@ -9,6 +9,7 @@ from typing import Any
 from vgpumgr.db import store
 from vgpumgr.errors import NoCapacity, VgpuError
 from vgpumgr.ops import allocate as alloc
+from vgpumgr.ops import boot_records
 from vgpumgr.ops.context import Context, suppress
 from vgpumgr.placement import Policy
 
@@ -44,8 +45,8 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
         type_name = _mig_type_name(svc, profile, gpu)
         pinned = dataclasses.replace(policy or Policy(), pin_gpu=gpu)
         try:
-            return alloc.allocate(svc, type_name, vm=vm, policy=pinned, idempotency_key=idempotency_key, actor=actor,
-                                 detail={"mig_profile": profile}, free_gpu_instances=free)
+            result = alloc.allocate(svc, type_name, vm=vm, policy=pinned, idempotency_key=idempotency_key,
+                                    actor=actor, detail={"mig_profile": profile}, free_gpu_instances=free)
         except BaseException:
             if created:
                 with suppress():
@@ -53,6 +54,16 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
                     svc.host.kernel.gpu_instances_changed(layer)
                     svc.invalidate()
             raise
+        _remember_gpu_instances(svc, layer, gpu, profile)
+        return result
+
+
+def _remember_gpu_instances(svc: Context, layer, gpu: str, profile: str) -> None:  # noqa: ANN001
+    """Record the GPU's instances of this profile at their placements, for `vgpumgr restore`."""
+    gis = [gi for gi in (layer.gpu(gpu).get("mig") or {}).get("gpu_instances", []) if gi["profile"] == profile]
+    with svc.tx() as s:
+        for gi in gis:
+            boot_records.remember_gpu_instance(s, svc.host_id(s), gpu, gi)
 
 
 def free_gpu_instances(svc: Context, layer) -> dict[str, list[str]]:  # noqa: ANN001

@@ -87,17 +87,12 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
         run("vm", "create", "web2", "--vgpu", "T4-4Q", expect_fail=True)
         run("placements")
 
-        say("8. A reboot loses the vGPUs, the VFs and the MIG GPU instance; reconcile reports what is missing")
+        say("8. A reboot loses the vGPUs (and VFs, MIG GPU instances); restore brings them back from the records")
         run("sim", "reboot")
         run("reconcile", expect_fail=True)
-        # TODO: replace these three steps with `vgpumgr restore` (VFs, MIG GPU instances, types, mdevs from
-        # the records) once it exists; until then the demo brings the VFs and the GPU instance back by hand.
-        say("8b. The VFs and the GPU instance back by hand (sriov-manage -e and nvidia-smi mig -cgi on a host)")
-        run("sriov", "set", "0000:3d:00.0", "8", "--allow-nvidia")
-        run("sriov", "set", "0000:65:00.0", "8", "--allow-nvidia")
-        run("mig", "create", "0000:65:00.0", "1g.10gb")
-        say("8c. reconcile restores the vGPUs with their UUIDs")
-        run("reconcile", "--fix")
+        run("restore", "--dry-run")
+        run("restore")
+        run("reconcile")
 
         say("9. Delete the VMs: devices removed, seats released")
         run("vm", "delete", "web1")
