@@ -8,7 +8,7 @@ import sys
 from vgpumgr import ids
 from vgpumgr.cli.output import dump_json, table
 from vgpumgr.config import Config
-from vgpumgr.errors import InvalidInput, NotFound
+from vgpumgr.errors import NotFound
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
 if TYPE_CHECKING:
@@ -114,15 +114,14 @@ def mdev_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def mdev_create(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.backends import mdev
     from vgpumgr.inventory import discover_types
+    from vgpumgr.ops import manual
 
     cfg = config(args)
     parent = ids.parent_name(args.parent)
     uuid = ids.mdev_uuid(args.uuid) if args.uuid else None
     t = resolve_type([t for t in discover_types(cfg.host, parent) if t.backend == "mdev"], args.type, parent)
-    dev = mdev.create(cfg.host, parent, t.type, uuid)
-    _audit(cfg, "mdev.create", vgpu=dev.uuid, gpu=dev.gpu, detail={"parent": parent, "type": t.type})
+    dev = manual.mdev_create(cfg, parent, t, uuid)
     if args.json:
         dump_json(out, dev.to_json())
     else:
@@ -131,16 +130,10 @@ def mdev_create(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def mdev_remove(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.backends import mdev
+    from vgpumgr.ops import manual
 
-    cfg = config(args)
-    uuid = ids.mdev_uuid(args.uuid)
-    dev = mdev.get(cfg.host, uuid)
-    if dev is None:
-        raise NotFound(f"no mdev {uuid}", hint="`vgpumgr mdev list` shows the active mdevs")
-    mdev.remove(cfg.host, uuid, grace=args.grace, holder_check=_libvirt_holders(cfg, "mdev"))
-    _audit(cfg, "mdev.remove", vgpu=uuid, gpu=dev.gpu, detail={"parent": dev.parent, "type": dev.type})
-    out.write(f"removed mdev {uuid}\n")
+    dev = manual.mdev_remove(config(args), args.uuid, grace=args.grace)
+    out.write(f"removed mdev {dev.uuid}\n")
     return 0
 
 
@@ -165,90 +158,41 @@ def vf_list(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _vf_type_id(cfg: Config, vf: str, wanted: str) -> int:
-    from vgpumgr.backends import nvidia_vf
-
-    w = wanted.strip()
-    if w.isdigit() or (w.startswith("nvidia-") and w[7:].isdigit()):
-        return ids.nvidia_type_id(w)
-    for tid, name in nvidia_vf.creatable(cfg.host, vf):
-        if w in (name, name.split()[-1]):
-            return tid
-    raise InvalidInput(f"'{wanted}' is not a type creatable on {vf}",
-                       hint=f"`vgpumgr types --parent {vf}` lists what it can take now")
-
-
 def vf_set(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.backends import nvidia_vf
+    from vgpumgr.ops import manual
 
-    cfg = config(args)
-    vf = ids.pci_address(args.vf)
-    tid = nvidia_vf.set_type(cfg.host, vf, _vf_type_id(cfg, vf, args.type))
-    _audit(cfg, "vf.set", vgpu=vf, detail={"type": f"nvidia-{tid}"})
-    out.write(f"VF {vf} now holds vGPU type nvidia-{tid}\n")
+    tid = manual.vf_set(config(args), args.vf, args.type)
+    out.write(f"VF {ids.pci_address(args.vf)} now holds vGPU type nvidia-{tid}\n")
     return 0
 
 
 def vf_clear(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.backends import nvidia_vf
+    from vgpumgr.ops import manual
 
-    cfg = config(args)
-    vf = ids.pci_address(args.vf)
-    changed = nvidia_vf.clear_type(cfg.host, vf, retries=max(1, args.retries),
-                                   holder_check=_libvirt_holders(cfg, "pci"))
-    if changed:
-        _audit(cfg, "vf.clear", vgpu=vf)
-    out.write(f"VF {vf} {'cleared' if changed else 'had no vGPU type'}\n")
+    changed = manual.vf_clear(config(args), args.vf, retries=args.retries)
+    out.write(f"VF {ids.pci_address(args.vf)} {'cleared' if changed else 'had no vGPU type'}\n")
     return 0
 
 
 def sriov_set(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.backends import sriov
+    from vgpumgr.ops import manual
 
-    cfg = config(args)
-    vfs = sriov.set_numvfs(cfg.host, args.pf, args.count, allow_nvidia=args.allow_nvidia)
-    _audit(cfg, "sriov.set", gpu=ids.pci_address(args.pf), detail={"numvfs": args.count})
-    from vgpumgr.ops import boot_records
-
-    boot_records.note(cfg, boot_records.remember_numvfs, args.pf, len(vfs))  # `vgpumgr restore` brings it back
+    vfs = manual.sriov_set(config(args), args.pf, args.count, allow_nvidia=args.allow_nvidia)
     out.write(f"{ids.pci_address(args.pf)}: {len(vfs)} VFs{': ' + ' '.join(vfs) if vfs else ''}\n")
     return 0
 
 
 def vfio_bind(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.backends import passthrough
+    from vgpumgr.ops import manual
 
-    cfg = config(args)
-    prev = passthrough.bind_vfio(cfg.host, args.address, passthrough.DriverMemory(cfg.state_dir))
-    _audit(cfg, "vfio.bind", gpu=ids.pci_address(args.address), detail={"previous_driver": prev})
+    prev = manual.vfio_bind(config(args), args.address)
     out.write(f"{ids.pci_address(args.address)} bound to vfio-pci (was {prev or 'unbound or already vfio-pci'})\n")
     return 0
 
 
 def vfio_unbind(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.backends import passthrough
+    from vgpumgr.ops import manual
 
-    cfg = config(args)
-    prev = passthrough.unbind_vfio(cfg.host, args.address, passthrough.DriverMemory(cfg.state_dir),
-                                   holder_check=_libvirt_holders(cfg, "pci"))
-    _audit(cfg, "vfio.unbind", gpu=ids.pci_address(args.address), detail={"restored_driver": prev})
+    prev = manual.vfio_unbind(config(args), args.address)
     out.write(f"{ids.pci_address(args.address)} released from vfio-pci (back to {prev or 'no driver'})\n")
     return 0
-
-
-def _libvirt_holders(cfg: Config, kind: str):  # noqa: ANN202
-    from vgpumgr.virt import holder_check
-
-    return holder_check(cfg.libvirt_uri, cfg.state_dir, kind)
-
-
-def _audit(cfg: Config, action: str, **kw: object) -> None:
-    """Record a manual device change in the audit log. The change already happened, so a database that
-    cannot be written (no permission, a full disk) is reported as a warning, not as a failure."""
-    from vgpumgr.service import record_event
-
-    try:
-        record_event(cfg, action, **kw)  # type: ignore[arg-type]
-    except Exception as e:  # noqa: BLE001
-        sys.stderr.write(f"vgpumgr: warning: {action} done, but not recorded in the audit log ({cfg.db_url}): "
-                         f"{type(e).__name__}: {e}\n")

@@ -41,36 +41,13 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
 
 def _layer(args: argparse.Namespace):  # noqa: ANN202
     from vgpumgr.cli.devices import config
-    from vgpumgr.errors import Unavailable
-    from vgpumgr.nvml_facts import nvml_layer
+    from vgpumgr.ops.manual import nvml
 
-    cfg = config(args)
-    layer = nvml_layer(cfg)
-    if layer is None or not layer.open():
-        raise Unavailable(getattr(layer, "notice", None) or "NVML is not available for this root",
-                          hint="MIG and scheduler commands need NVIDIA's NVML (or a simulated host with one)")
-    return cfg, layer
-
-
-def _audited(args: argparse.Namespace, action: str, gpu: str, detail: dict[str, Any]) -> None:
-    from vgpumgr.cli.devices import _audit, config
-
-    _audit(config(args), action, gpu=gpu, detail=detail)
-
-
-def _sync(cfg: Any, layer: Any) -> None:
-    cfg.host.kernel.gpu_instances_changed(layer)
-
-
-def _boot_record(cfg: Any, what: str, *args: Any) -> None:
-    """Keep what `vgpumgr restore` brings back after a reboot in step with a manual MIG change."""
-    from vgpumgr.ops import boot_records
-
-    boot_records.note(cfg, getattr(boot_records, what), *args)
+    return nvml(config(args))
 
 
 def mig_list(args: argparse.Namespace, out: TextIO) -> int:
-    _, layer = _layer(args)
+    layer = _layer(args)
     gpus = layer.gpus()
     if args.json:
         dump_json(out, {a: g.get("mig") for a, g in gpus.items()})
@@ -89,7 +66,7 @@ def mig_list(args: argparse.Namespace, out: TextIO) -> int:
 def mig_plan(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr import ids, mig
 
-    _, layer = _layer(args)
+    layer = _layer(args)
     gpu = ids.pci_address(args.gpu)
     table_ = layer.mig_table(gpu)
     existing = layer.gpu_instances(gpu)
@@ -102,40 +79,27 @@ def mig_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def mig_create(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
+    from vgpumgr.cli.devices import config
+    from vgpumgr.ops import manual
 
-    cfg, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.create_gpu_instance(gpu, args.profile, start=args.start, compute_instance=args.compute_instance)
-    _sync(cfg, layer)
-    _audited(args, "mig.gi.create", gpu, res)
-    _boot_record(cfg, "remember_gpu_instance", gpu, res)
-    dump_json(out, res)
+    dump_json(out, manual.mig_create(config(args), args.gpu, args.profile, start=args.start,
+                                     compute_instance=args.compute_instance))
     return 0
 
 
 def mig_destroy(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
+    from vgpumgr.cli.devices import config
+    from vgpumgr.ops import manual
 
-    cfg, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.destroy_gpu_instance(gpu, args.gi)
-    _sync(cfg, layer)
-    _audited(args, "mig.gi.destroy", gpu, res)
-    _boot_record(cfg, "forget_gpu_instance", gpu, res["start"])
-    dump_json(out, res)
+    dump_json(out, manual.mig_destroy(config(args), args.gpu, args.gi))
     return 0
 
 
 def mig_mode(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
+    from vgpumgr.cli.devices import config
+    from vgpumgr.ops import manual
 
-    cfg, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.set_mig_mode(gpu, args.state == "on")
-    _sync(cfg, layer)
-    _audited(args, "mig.mode", gpu, res)
-    _boot_record(cfg, "remember_mig_mode", gpu, args.state == "on")
+    res = manual.mig_mode(config(args), args.gpu, args.state == "on")
     dump_json(out, res)
     if res.get("pending") != res.get("current"):
         sys.stderr.write("note: the change is pending until the GPU is reset\n")
@@ -145,7 +109,7 @@ def mig_mode(args: argparse.Namespace, out: TextIO) -> int:
 def scheduler_show(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr import ids
 
-    _, layer = _layer(args)
+    layer = _layer(args)
     if args.gpu:
         dump_json(out, layer.scheduler(ids.pci_address(args.gpu)))
         return 0
@@ -166,11 +130,8 @@ def scheduler_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def scheduler_set(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
+    from vgpumgr.cli.devices import config
+    from vgpumgr.ops import manual
 
-    _, layer = _layer(args)
-    gpu = ids.pci_address(args.gpu)
-    res = layer.set_scheduler(gpu, args.policy, timeslice_ns=args.timeslice_ns)
-    _audited(args, "vgpu.scheduler", gpu, res)
-    dump_json(out, res)
+    dump_json(out, manual.scheduler_set(config(args), args.gpu, args.policy, timeslice_ns=args.timeslice_ns))
     return 0
