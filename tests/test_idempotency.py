@@ -97,3 +97,17 @@ def test_cli_key_is_the_actors_and_bound_to_the_arguments(env: ApiEnv, monkeypat
     rc, _, err = run(*args, "vgpu", "--type", "T4-1Q", "--vm", "a", "--idempotency-key", "c-1")
     assert rc == 2 and "another caller" in err
     assert len(env.service.allocations(live=True)) == 1
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "soon", "nan"])
+def test_expiry_and_lease_settings_refuse_what_is_not_a_positive_number(monkeypatch: pytest.MonkeyPatch,
+                                                                         raw: str) -> None:
+    from vgpumgr.errors import InvalidInput
+    from vgpumgr.ops import idempotency, leases
+
+    for env, read in ((idempotency.TTL_ENV, idempotency.ttl_seconds), (leases.LEASE_ENV, leases.lease_seconds)):
+        monkeypatch.setenv(env, raw)
+        with pytest.raises(InvalidInput, match=f"{env}=.*not a positive number of seconds"):
+            read()
+        monkeypatch.setenv(env, "90")
+        assert read() == 90.0

@@ -47,3 +47,21 @@ def _login() -> str:
         return f"cli:{pwd.getpwuid(os.geteuid()).pw_name}"
     except (KeyError, ImportError):
         return f"cli:uid{os.geteuid()}"
+
+
+def env_seconds(name: str, default: float, example: str) -> float:
+    """A positive number of seconds from the environment variable `name`, or `default` when it is unset."""
+    from vgpumgr.errors import InvalidInput
+
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidInput(f"{name}={raw!r} is not a positive number of seconds",
+                           hint=f"unset it (default {default:g} s) or give e.g. {example}")
+    return value
+

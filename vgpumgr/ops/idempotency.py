@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
 from collections.abc import Callable
 from datetime import timedelta
@@ -22,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 
+from vgpumgr.config import env_seconds
 from vgpumgr.db.models import IdempotencyKey, utcnow
 from vgpumgr.errors import Busy, InvalidInput, VgpuError
 from vgpumgr.ops import leases
@@ -41,17 +41,7 @@ class KeyReused(VgpuError):
 
 
 def ttl_seconds() -> float:
-    raw = os.environ.get(TTL_ENV)
-    if not raw:
-        return DEFAULT_TTL_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InvalidInput(f"{TTL_ENV}={raw!r} is not a positive number of seconds",
-                           hint=f"unset it (default {DEFAULT_TTL_SECONDS:g} s = 24 h) or give e.g. 3600")
-    return value
+    return env_seconds(TTL_ENV, DEFAULT_TTL_SECONDS, "3600")
 
 
 def fingerprint(method: str, path: str, body: Any) -> str:

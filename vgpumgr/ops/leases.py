@@ -24,10 +24,11 @@ from typing import Any
 
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
+from vgpumgr.config import env_seconds
 from vgpumgr.db import store
 from vgpumgr.db.models import ALLOC_RESERVED, utcnow
 from vgpumgr.db.models import Allocation as AllocRow
-from vgpumgr.errors import InvalidInput, VgpuError
+from vgpumgr.errors import VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops.context import FAILED, OK, Context
 from vgpumgr.ops.records import allocation_dict
@@ -73,17 +74,7 @@ def _me(pid: int) -> tuple[int, int | None]:
 
 
 def lease_seconds() -> float:
-    raw = os.environ.get(LEASE_ENV)
-    if not raw:
-        return DEFAULT_LEASE_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InvalidInput(f"{LEASE_ENV}={raw!r} is not a positive number of seconds",
-                           hint=f"unset it (default {DEFAULT_LEASE_SECONDS:g} s) or give e.g. 600")
-    return value
+    return env_seconds(LEASE_ENV, DEFAULT_LEASE_SECONDS, "600")
 
 
 def owner_values(svc: Context, now: datetime | None = None) -> dict[str, Any]:
