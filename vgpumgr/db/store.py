@@ -166,6 +166,11 @@ _RESERVE = {
 _BY_KEY = select(_ALLOC).where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.idempotency_key == bindparam("key"))
 
 
+def detached(row: Any) -> Allocation:
+    """An Allocation object from a Core row of its columns (extra labels such as `vm_name` are ignored)."""
+    return _detached(Allocation(**{c: row._mapping[c] for c in _ALLOC.c.keys()}))
+
+
 def _detached(obj: Any) -> Any:
     """A row written with Core, as an ORM object a session can adopt with add() (no second INSERT)."""
     make_transient_to_detached(obj)
@@ -303,6 +308,28 @@ def find_by_idempotency_key(session: Session, host: Host | int, key: str) -> All
     return None if row is None else _detached(Allocation(**row._mapping))
 
 
+_VMS = Vm.__table__
+_LIVE_BY = {
+    column: select(_ALLOC, _VMS.c.name.label("vm_name"))
+    .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
+    .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES),
+           _ALLOC.c[column] == bindparam("ref"))
+    for column in ("uuid", "pci_address")
+}
+_LIVE_PLACEMENTS = (select(_ALLOC.c.backend, _ALLOC.c.parent, _ALLOC.c.pci_address, _ALLOC.c.uuid, _ALLOC.c.type_id,
+                           _ALLOC.c.type_name, _ALLOC.c.detail, _VMS.c.name.label("vm_name"))
+                    .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
+                    .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES),
+                           _ALLOC.c.backend != BACKEND_PASSTHROUGH)
+                    .order_by(_ALLOC.c.id))
+
+
+def live_placements(session: Session, host: Host | int) -> list[Any]:
+    """What placement needs of the live vGPU allocations (no passthrough), with their VM names: one Core
+    query, plain rows (backend, parent, pci_address, uuid, type_id, type_name, detail, vm_name)."""
+    return list(session.connection().execute(_LIVE_PLACEMENTS, {"host_id": _id(host)}))
+
+
 def live_allocation(session: Session, host: Host | int, *, uuid: str | None = None,
                     pci_address: str | None = None) -> Allocation | None:
     """The reserved/active allocation that holds an mdev UUID or a PCI function, if any."""
@@ -314,6 +341,19 @@ def live_allocation(session: Session, host: Host | int, *, uuid: str | None = No
     else:
         raise InvalidInput("give a UUID or a PCI address")
     return session.scalar(stmt)
+
+
+def live_allocation_row(session: Session, host: Host | int, *, uuid: str | None = None,
+                        pci_address: str | None = None) -> Any:
+    """The live allocation's row (Core: every column and `vm_name`) or None; one query. `detached(row)` makes
+    it an Allocation object that `activate`/`release` accept without loading it again."""
+    if uuid is not None:
+        column, ref = "uuid", ids.mdev_uuid(uuid)
+    elif pci_address is not None:
+        column, ref = "pci_address", ids.pci_address(pci_address)
+    else:
+        raise InvalidInput("give a UUID or a PCI address")
+    return session.connection().execute(_LIVE_BY[column], {"host_id": _id(host), "ref": ref}).first()
 
 
 def allocations(session: Session, host: Host | int | None = None, *, vm: Vm | str | None = None,

@@ -27,16 +27,13 @@ from vgpumgr.placement import Decision, Policy, Request
 
 
 def live_records(svc: Context, s: Session) -> list[PlacedAlloc]:
-    h = svc.host_id(s)
-    names = {v.id: v.name for v in store.vms(s, h)}
+    """The live vGPU allocations as placement sees them (one query)."""
     out = []
-    for a in store.allocations(s, h, live=True):
-        if a.backend == BACKEND_PASSTHROUGH:
-            continue
+    for a in store.live_placements(s, svc.host_id(s)):
         d = a.detail or {}
         parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
         out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent,
-                               type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"), vm=names.get(a.vm_id),
+                               type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"), vm=a.vm_name,
                                backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name))
     return out
 
@@ -45,7 +42,7 @@ def place(svc: Context, type_name: str, vm: str | None = None, policy: Policy | 
           free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
     """What placement would choose now, changing nothing."""
     snap = svc.snapshot()
-    with svc.sessions() as s:
+    with svc.reads() as s:
         records = live_records(svc, s)
     return snap.placer.place(records, Request(type_name, vm), policy or Policy(),
                              free_gpu_instances=free_gpu_instances)
@@ -95,7 +92,6 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
                                   actor=actor or svc.cfg.actor, host_name=svc.hostname)
                 svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
                            detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
-                row_id = row.id
         if c is None:
             raise err
         leases.crash_point("reserved")
@@ -105,17 +101,16 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
             else:
                 nvidia_vf.set_type(svc.host, c.parent, c.type)
         except BaseException as e:
-            _rollback_allocation(svc, row_id, e, actor)
+            _rollback_allocation(svc, row.id, e, actor)
             svc.invalidate()
             raise
         svc.touch(c.gpu, c.parent)
         leases.crash_point("created")
-        with svc.tx() as s:
-            row = s.get(AllocRow, row_id)
+        with svc.tx() as s:  # `row` is what the reservation wrote (and its seat): no need to read it back
             store.activate(s, row, keep_owner=leases.is_holding())
             svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
                        detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
-            return allocation_dict(row, s)
+            return allocation_dict(row, s, vm_name=vm)
 
 def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,
             free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
@@ -129,7 +124,7 @@ def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Po
 
 
 def by_key(svc: Context, key: str) -> dict[str, Any] | None:
-    with svc.sessions() as s:
+    with svc.reads() as s:
         row = store.find_by_idempotency_key(s, svc.host_id(s), key)
         if row is None:
             return None
@@ -190,9 +185,20 @@ def allocate_passthrough(svc: Context, address: str, *, vm: str | None = None, i
 
 def find_allocation(svc: Context, ref: str) -> dict[str, Any]:
     """A live allocation by mdev UUID or PCI address."""
-    with svc.sessions() as s:
+    with svc.reads() as s:
         row = _live_row(svc, s, ref)
         return allocation_dict(row, s)
+
+def _live_core_row(svc: Context, s: Session, ref: str) -> Any:
+    h = svc.host_id(s)
+    if ids.is_pci_address(ref):
+        row = store.live_allocation_row(s, h, pci_address=ids.pci_address(ref))
+    else:
+        row = store.live_allocation_row(s, h, uuid=ids.mdev_uuid(ref))
+    if row is None:
+        raise NotFound(f"no live vGPU allocation {ref}", hint="`vgpumgr placements` lists them")
+    return row
+
 
 def _live_row(svc: Context, s: Session, ref: str) -> AllocRow:
     h = svc.host_id(s)
@@ -240,21 +246,21 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
     With `owner`, a record that no longer belongs to that owner is left alone (Conflict, audited); without,
     it is an administrator's release, audited as such."""
     with svc.locked():
-        with svc.sessions() as s:
-            row = _live_row(svc, s, ref)
-            row_id, backend = row.id, row.backend
-            uuid, address = row.uuid, row.pci_address
-            vm_name = allocation_dict(row, s)["vm"]
-            gpu, parent = (row.detail or {}).get("gpu"), row.parent
-            kernel_owner = (row.detail or {}).get("kernel_owner")
-            stale = owner is not None and not owner.matches(row, vm_name)
-            if stale:
-                err = Conflict(f"vGPU {uuid or address} now belongs to VM {vm_name or '(none)'} (allocation {row_id}),"
-                               f" not to the release's owner {owner.as_dict()}: left in place",
-                               hint="a late or repeated release of an earlier owner; nothing to do",
-                               owner=owner.as_dict(), holder={"vm": vm_name, "allocation_id": row_id})
+        with svc.reads() as s:
+            found = _live_core_row(svc, s, ref)
+        row = store.detached(found)  # read once: the host lock keeps it ours until the release below
+        row_id, backend = row.id, row.backend
+        uuid, address = row.uuid, row.pci_address
+        vm_name = found.vm_name
+        gpu, parent = (row.detail or {}).get("gpu"), row.parent
+        kernel_owner = (row.detail or {}).get("kernel_owner")
+        stale = owner is not None and not owner.matches(row, vm_name)
         if stale:
             assert owner is not None
+            err = Conflict(f"vGPU {uuid or address} now belongs to VM {vm_name or '(none)'} (allocation {row_id}),"
+                           f" not to the release's owner {owner.as_dict()}: left in place",
+                           hint="a late or repeated release of an earlier owner; nothing to do",
+                           owner=owner.as_dict(), holder={"vm": vm_name, "allocation_id": row_id})
             svc.record_failure(audit.VGPU_REMOVE, err, actor=actor, vm=owner.vm, vgpu=uuid or address,
                                detail={"refused": "owner mismatch", "owner": owner.as_dict(),
                                        "holder": {"vm": vm_name, "allocation_id": row_id}})
@@ -276,13 +282,12 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             raise
         svc.touch(gpu, parent)
         with svc.tx() as s:
-            row = s.get(AllocRow, row_id)
             store.release(s, row)
-            svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=(row.detail or {}).get("gpu"), vm=vm_name,
+            svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=gpu, vm=vm_name,
                        vgpu=uuid or address, detail={"type": row.type_id, "backend": backend,
                                                      "owner": owner.as_dict() if owner else "admin (none named)",
                                                      **({"kernel_owner": kernel_owner} if kernel_owner else {})})
-            return allocation_dict(row, s)
+            return allocation_dict(row, s, vm_name=vm_name)
 
 
 def allocations(svc: Context, *, vm: str | None = None, gpu: str | None = None, state: str | None = None,

@@ -179,7 +179,7 @@ def find_dead(svc: Context) -> list[Dead]:
     """Dead reservations of this host: one indexed query; /proc is read only for rows some operation owns.
     Call it holding the host lock (a `reserved` row is then never mid-allocation)."""
     now = utcnow()
-    with svc.sessions() as s:
+    with svc.reads() as s:
         suspects = [(r, why_dead(svc, r, now)) for r in store.in_flight(s, svc.host_id(s))
                     if not is_me(r.owner_boot, r.owner_pid, r.owner_started)]
         dead = []
