@@ -56,61 +56,74 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
     uuid = ids.mdev_uuid(uuid) if uuid else None
     vm = ids.vm_name(vm) if vm else None
     policy = policy or Policy()
+    args = (svc, type_name, vm, policy, idempotency_key, uuid, actor, detail, free_gpu_instances)
     with svc.locked():
-        leases.reap(svc, actor)  # what a crashed process left behind (one query when nothing is in flight)
+        try:
+            return _allocate_locked(*args, check_dead=True)
+        except leases.ReapFirst:  # a crashed process left reservations behind: roll them back, then go on
+            leases.reap(svc, actor)
+            return _allocate_locked(*args, check_dead=False)
+
+
+def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Policy, idempotency_key: str | None,
+                     uuid: str | None, actor: str | None, detail: dict[str, Any] | None,
+                     free_gpu_instances: dict[str, list[str]] | None, *, check_dead: bool) -> dict[str, Any]:
+    with svc.tx() as s:  # one transaction: dead owners?, the key, the records, place, reserve, seat, audit
+        if check_dead:
+            leases.check_dead(svc, s)  # one indexed query when nothing is in flight
         if idempotency_key:
-            found = by_key(svc, idempotency_key)
+            found = _by_key(svc, s, idempotency_key)
             if found is not None:
                 return found
-        with svc.tx() as s:  # one transaction: read the records, place, reserve, take a seat, audit
-            decision = _decide(svc, s, type_name, vm, policy, free_gpu_instances)
-            c = decision.choice
-            if c is None:
-                err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
-                                 hint="`vgpumgr place --type ... --explain` shows why each candidate was refused",
-                                 rejected=[r.__dict__ for r in decision.rejected][:20])
-                svc.event(s, audit.PLACEMENT, FAILED, actor=actor, vm=vm, error=str(err),
-                           detail={"type": type_name, "policy": dataclasses.asdict(policy)})
-            else:
-                inv = svc.snapshot().inventory
-                t = next((t for t in inv.types_of(c.parent) if t.type == c.type), None)
-                parsed = ids.parse_type_name(c.name or "")
-                fb = t.framebuffer_mb if t and t.framebuffer_mb else (
-                    int(parsed.framebuffer_gb * 1024) if parsed else None)
-                series = t.series if t and t.series else (parsed.series if parsed else None)
-                new_uuid = (uuid or ids.new_uuid()) if c.backend == BACKEND_MDEV else None
-                g = inv.gpu(c.gpu) if c.gpu else None
-                h = svc.host_id(s)
-                gpu_row = svc.gpu_row(s, c.gpu, g.name if g else "") if c.gpu else None
-                vm_row = store.upsert_vm(s, h, vm) if vm else None
-                row = store.reserve_allocation(
-                    s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
-                    pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
-                    type_name=c.name, series=series, idempotency_key=idempotency_key,
-                    detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
-                licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
-                                  actor=actor or svc.cfg.actor, host_name=svc.hostname)
-                svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
-                           detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
+        decision = _decide(svc, s, type_name, vm, policy, free_gpu_instances)
+        c = decision.choice
         if c is None:
-            raise err
-        leases.crash_point("reserved")
-        try:
-            if c.backend == BACKEND_MDEV:
-                mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
-            else:
-                nvidia_vf.set_type(svc.host, c.parent, c.type)
-        except BaseException as e:
-            _rollback_allocation(svc, row.id, e, actor)
-            svc.invalidate()
-            raise
-        svc.touch(c.gpu, c.parent)
-        leases.crash_point("created")
-        with svc.tx() as s:  # `row` is what the reservation wrote (and its seat): no need to read it back
-            store.activate(s, row, keep_owner=leases.is_holding())
-            svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
-                       detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
-            return allocation_dict(row, s, vm_name=vm)
+            err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
+                             hint="`vgpumgr place --type ... --explain` shows why each candidate was refused",
+                             rejected=[r.__dict__ for r in decision.rejected][:20])
+            svc.event(s, audit.PLACEMENT, FAILED, actor=actor, vm=vm, error=str(err),
+                       detail={"type": type_name, "policy": dataclasses.asdict(policy)})
+        else:
+            inv = svc.snapshot().inventory
+            t = next((t for t in inv.types_of(c.parent) if t.type == c.type), None)
+            parsed = ids.parse_type_name(c.name or "")
+            fb = t.framebuffer_mb if t and t.framebuffer_mb else (
+                int(parsed.framebuffer_gb * 1024) if parsed else None)
+            series = t.series if t and t.series else (parsed.series if parsed else None)
+            new_uuid = (uuid or ids.new_uuid()) if c.backend == BACKEND_MDEV else None
+            g = inv.gpu(c.gpu) if c.gpu else None
+            h = svc.host_id(s)
+            gpu_row = svc.gpu_row(s, c.gpu, g.name if g else "") if c.gpu else None
+            vm_row = store.upsert_vm(s, h, vm) if vm else None
+            row = store.reserve_allocation(
+                s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
+                pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
+                type_name=c.name, series=series, idempotency_key=idempotency_key,
+                detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
+            licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
+                              actor=actor or svc.cfg.actor, host_name=svc.hostname)
+            svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
+                       detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
+    if c is None:
+        raise err
+    leases.crash_point("reserved")
+    try:
+        if c.backend == BACKEND_MDEV:
+            mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
+        else:
+            nvidia_vf.set_type(svc.host, c.parent, c.type)
+    except BaseException as e:
+        _rollback_allocation(svc, row.id, e, actor)
+        svc.invalidate()
+        raise
+    svc.touch(c.gpu, c.parent)
+    leases.crash_point("created")
+    with svc.tx() as s:  # `row` is what the reservation wrote (and its seat): no need to read it back
+        store.activate(s, row, keep_owner=leases.is_holding())
+        svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
+                   detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
+        return allocation_dict(row, s, vm_name=vm)
+
 
 def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,
             free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
@@ -125,13 +138,16 @@ def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Po
 
 def by_key(svc: Context, key: str) -> dict[str, Any] | None:
     with svc.reads() as s:
-        row = store.find_by_idempotency_key(s, svc.host_id(s), key)
-        if row is None:
-            return None
-        if row.state == "released":
-            raise Conflict(f"idempotency key '{key}' belongs to a released vGPU",
-                           hint="use a new key for a new request")
-        return allocation_dict(row, s)
+        return _by_key(svc, s, key)
+
+
+def _by_key(svc: Context, s: Session, key: str) -> dict[str, Any] | None:
+    row = store.find_by_idempotency_key(s, svc.host_id(s), key)
+    if row is None:
+        return None
+    if row.state == "released":
+        raise Conflict(f"idempotency key '{key}' belongs to a released vGPU", hint="use a new key for a new request")
+    return allocation_dict(row, s)
 
 def _rollback_allocation(svc: Context, row_id: int, error: BaseException, actor: str | None) -> None:
     with svc.tx() as s:

@@ -193,6 +193,20 @@ def find_dead(svc: Context) -> list[Dead]:
         return dead
 
 
+class ReapFirst(Exception):  # noqa: N818 - a signal to the caller, not an error
+    """Raised inside a transaction that found dead reservations: leave it (nothing written yet), `reap`,
+    and start again."""
+
+
+def check_dead(svc: Context, s: Any) -> None:
+    """Inside the caller's transaction: raise ReapFirst when this host has dead reservations (the same
+    indexed query as `find_dead`, so a clean host costs no transaction of its own)."""
+    now = utcnow()
+    for r in store.in_flight(s, svc.host_id(s)):
+        if not is_me(r.owner_boot, r.owner_pid, r.owner_started) and why_dead(svc, r, now) is not None:
+            raise ReapFirst
+
+
 def reap(svc: Context, actor: str | None = None) -> list[dict[str, Any]]:
     """Roll back the dead reservations of this host (call with the host lock held); what was done, per row."""
     dead = find_dead(svc)
@@ -266,5 +280,5 @@ def reap_locked(svc: Context, actor: str | None = None) -> list[dict[str, Any]]:
         return reap(svc, actor)
 
 
-__all__ = ["ADOPT", "ROLLBACK", "Dead", "find_dead", "holding", "owner_values", "reap", "reap_locked",
-           "roll_back", "take"]
+__all__ = ["ADOPT", "ROLLBACK", "Dead", "ReapFirst", "check_dead", "find_dead", "holding", "owner_values", "reap",
+           "reap_locked", "roll_back", "take"]
