@@ -26,6 +26,46 @@ REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"sqlite": 500, "postgresql": 300}
 
 
+PHASES = (  # (module, attribute, label): wall time inside each, per pair (`--breakdown`)
+    ("vgpumgr.sim.kernel", "KernelEmulator.write", "simulated kernel: sysfs writes (create, remove)"),
+    ("vgpumgr.backends.mdev", "get", "mdev lookups around the writes"),
+    ("vgpumgr.ops.context", "Context.snapshot", "host snapshot: re-read of the touched GPU, placer index"),
+    ("vgpumgr.placement", "Placer.place", "placement decision"),
+    ("vgpumgr.ops.allocate", "live_records", "live records query"),
+    ("vgpumgr.ops.leases", "check_dead", "dead-owner check"),
+    ("vgpumgr.audit", "record", "audit appends (3 per pair: hash, head UPDATE, event INSERT)"),
+)
+
+
+class Phases:
+    """Wall time spent inside a few functions (wrapped for the run; nested phases are not subtracted)."""
+
+    def __init__(self) -> None:
+        import functools
+        import importlib
+
+        self.spent: dict[str, float] = dict.fromkeys((p[2] for p in PHASES), 0.0)
+        for module, attr, label in PHASES:
+            owner: Any = importlib.import_module(module)
+            *path, name = attr.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            inner = getattr(owner, name)
+
+            def timed(*a: Any, _inner: Any = inner, _label: str = label, **k: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return _inner(*a, **k)
+                finally:
+                    self.spent[_label] += time.perf_counter() - t
+
+            setattr(owner, name, functools.wraps(inner)(timed))
+
+    def reset(self) -> None:
+        for k in self.spent:
+            self.spent[k] = 0.0
+
+
 class Counter:
     """SQL statements and commits seen by one engine."""
 
@@ -43,12 +83,14 @@ class Counter:
         self.commits += 1
 
 
-def run(db: str, pairs: int, profile: str, type_name: str, hold: int, tmp_dir: str | None) -> dict[str, Any]:
+def run(db: str, pairs: int, profile: str, type_name: str, hold: int, tmp_dir: str | None,
+        breakdown: bool = False) -> dict[str, Any]:
     from vgpumgr.config import Config
     from vgpumgr.db.session import dispose_engines, get_engine
     from vgpumgr.service import Service
     from vgpumgr.sim import profiles
 
+    phases = Phases() if breakdown else None
     pg = None
     with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
         try:
@@ -66,6 +108,8 @@ def run(db: str, pairs: int, profile: str, type_name: str, hold: int, tmp_dir: s
             for _ in range(10):  # warm caches
                 svc.release(svc.allocate(type_name)["uuid"])
             counter = Counter(get_engine(cfg.db_url))
+            if phases:
+                phases.reset()
             alloc_ms, release_ms = [], []
             t0 = time.perf_counter()
             for _ in range(pairs):
@@ -91,6 +135,7 @@ def run(db: str, pairs: int, profile: str, type_name: str, hold: int, tmp_dir: s
         "release_ms": {"p50": statistics.median(release_ms), "p99": q(release_ms, n=100)[98],
                        "max": max(release_ms)},
         "host": f"simulated {profile} x8, {hold} vGPUs held, type {type_name}",
+        "breakdown_ms_per_pair": {k: v * 1000 / pairs for k, v in phases.spent.items()} if phases else None,
     }
 
 
@@ -104,8 +149,9 @@ def main() -> int:
     ap.add_argument("--tmp", default="/dev/shm" if Path("/dev/shm").is_dir() else None,
                     help="where the simulated tree and the database live (default tmpfs: sysfs is in memory too)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    ap.add_argument("--breakdown", action="store_true", help="also the wall time per pair inside each phase")
     args = ap.parse_args()
-    r = run(args.db, args.pairs, args.profile, args.type, args.hold, args.tmp)
+    r = run(args.db, args.pairs, args.profile, args.type, args.hold, args.tmp, args.breakdown)
     if args.json:
         print(json.dumps(r))
         return 0
@@ -117,6 +163,11 @@ def main() -> int:
     for name in ("allocate", "release"):
         ms = r[f"{name}_ms"]
         print(f"{name:<9} p50 {ms['p50']:6.2f} ms  p99 {ms['p99']:6.2f} ms  max {ms['max']:6.2f} ms")
+    if r["breakdown_ms_per_pair"]:
+        total = 1000 / r["pairs_per_s"]
+        print(f"where a pair's {total:.2f} ms go (the rest: sessions, statements not listed, lock, Python):")
+        for label, ms_ in r["breakdown_ms_per_pair"].items():
+            print(f"  {ms_:6.3f} ms  {ms_ / total:5.1%}  {label}")
     return 0
 
 

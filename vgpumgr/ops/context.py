@@ -91,7 +91,7 @@ class Context:
             self._thread_lock.release()
 
     def event(self, s: Session, action: str, outcome: str = OK, *, actor: str | None = None, **kw: Any) -> None:
-        audit.append(s, actor=actor or self.cfg.actor, action=action, outcome=outcome, host=self.hostname, **kw)
+        audit.record(s, actor=actor or self.cfg.actor, action=action, outcome=outcome, host=self.hostname, **kw)
 
     def record_failure(self, action: str, error: BaseException, *, actor: str | None = None, **kw: Any) -> None:
         with self.tx() as s:
