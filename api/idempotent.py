@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -19,12 +20,20 @@ from vgpumgr.service import Service
 REPLAYED = "Idempotent-Replayed"
 
 
+class FastJSONResponse(JSONResponse):
+    """JSONResponse encoded by orjson: the same compact UTF-8 JSON for the API's plain dicts, several times
+    faster than json.dumps."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
 def idempotent(request: Request, svc: Service, token: Token, key: str | None, body: BaseModel | None,
                run: Callable[[str | None], tuple[int, Any]]) -> JSONResponse:
     """Answer with `run(allocation_key)` -> (status, body), once per key; `run(None)` when no key was sent."""
     if key is None:
         status, out = run(None)
-        return JSONResponse(out, status_code=status)
+        return FastJSONResponse(out, status_code=status)
     fp = fingerprint(request.method, request.url.path, body.model_dump(mode="json") if body is not None else None)
     status, out, replayed = svc.run_once(caller=token.actor, key=key, fingerprint=fp, run=run)
-    return JSONResponse(out, status_code=status, headers={REPLAYED: "true"} if replayed else None)
+    return FastJSONResponse(out, status_code=status, headers={REPLAYED: "true"} if replayed else None)
