@@ -298,6 +298,18 @@ def release(session: Session, allocation: Allocation, at: datetime | None = None
     return allocation
 
 
+def release_live(session: Session, allocation: Allocation, at: datetime | None = None) -> bool:
+    """`release` for a caller that read the row earlier: False (and nothing changed) when another
+    release got there first."""
+    at = at or utcnow()
+    if session.connection().execute(_RELEASE, {"aid": allocation.id, "at": at}).rowcount != 1:
+        return False
+    set_committed_value(allocation, "state", ALLOC_RELEASED)
+    set_committed_value(allocation, "released_at", at)
+    licensing.release(session, allocation, at)
+    return True
+
+
 def _describe(allocation: Allocation) -> str:
     return allocation.uuid or allocation.pci_address or f"#{allocation.id}"
 

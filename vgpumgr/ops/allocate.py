@@ -57,17 +57,29 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
     vm = ids.vm_name(vm) if vm else None
     policy = policy or Policy()
     args = (svc, type_name, vm, policy, idempotency_key, uuid, actor, detail, free_gpu_instances)
-    with svc.locked():
+    with svc.locked():  # held from the decision to the kernel write: the reservation row guards the rest
         try:
-            return _allocate_locked(*args, check_dead=True)
+            made = _allocate_locked(*args, check_dead=True)
         except leases.ReapFirst:  # a crashed process left reservations behind: roll them back, then go on
             leases.reap(svc, actor)
-            return _allocate_locked(*args, check_dead=False)
+            made = _allocate_locked(*args, check_dead=False)
+    if isinstance(made, dict):
+        return made  # the earlier answer to this idempotency key
+    row, c = made
+    # Our reserved row (owned by this live process) counts as taken for every other placement meanwhile.
+    with svc.tx() as s:  # `row` is what the reservation wrote (and its seat): no need to read it back
+        store.activate(s, row, keep_owner=leases.is_holding())
+        svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
+                   detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
+        return allocation_dict(row, s, vm_name=vm)
 
 
 def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Policy, idempotency_key: str | None,
                      uuid: str | None, actor: str | None, detail: dict[str, Any] | None,
-                     free_gpu_instances: dict[str, list[str]] | None, *, check_dead: bool) -> dict[str, Any]:
+                     free_gpu_instances: dict[str, list[str]] | None, *, check_dead: bool
+                     ) -> dict[str, Any] | tuple[AllocRow, Any]:
+    """Decide, reserve and write to the kernel (holding the host lock): the reserved row and the choice, or
+    the earlier answer to the idempotency key."""
     with svc.tx() as s:  # one transaction: dead owners?, the key, the records, place, reserve, seat, audit
         if check_dead:
             leases.check_dead(svc, s)  # one indexed query when nothing is in flight
@@ -118,11 +130,7 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
         raise
     svc.touch(c.gpu, c.parent)
     leases.crash_point("created")
-    with svc.tx() as s:  # `row` is what the reservation wrote (and its seat): no need to read it back
-        store.activate(s, row, keep_owner=leases.is_holding())
-        svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
-                   detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
-        return allocation_dict(row, s, vm_name=vm)
+    return row, c
 
 
 def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,
@@ -297,13 +305,15 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             svc.record_failure(audit.VGPU_REMOVE, e, actor=actor, vm=vm_name, vgpu=uuid or address)
             raise
         svc.touch(gpu, parent)
-        with svc.tx() as s:
-            store.release(s, row)
-            svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=gpu, vm=vm_name,
-                       vgpu=uuid or address, detail={"type": row.type_id, "backend": backend,
-                                                     "owner": owner.as_dict() if owner else "admin (none named)",
-                                                     **({"kernel_owner": kernel_owner} if kernel_owner else {})})
-            return allocation_dict(row, s, vm_name=vm_name)
+    # The device is gone; until this commits the live record keeps placement off it (never the reverse).
+    with svc.tx() as s:
+        if not store.release_live(s, row):  # a concurrent release of the same vGPU recorded it first
+            raise NotFound(f"no live vGPU allocation {ref}", hint="it was released meanwhile")
+        svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=gpu, vm=vm_name,
+                   vgpu=uuid or address, detail={"type": row.type_id, "backend": backend,
+                                                 "owner": owner.as_dict() if owner else "admin (none named)",
+                                                 **({"kernel_owner": kernel_owner} if kernel_owner else {})})
+        return allocation_dict(row, s, vm_name=vm_name)
 
 
 def allocations(svc: Context, *, vm: str | None = None, gpu: str | None = None, state: str | None = None,
