@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -16,6 +15,11 @@ from pydantic import BaseModel
 from api.tokens import Token
 from vgpumgr.ops.idempotency import fingerprint
 from vgpumgr.service import Service
+
+try:
+    import orjson
+except ImportError:  # a venv made before orjson became a dependency: json.dumps, same bytes, slower
+    orjson = None
 
 REPLAYED = "Idempotent-Replayed"
 
@@ -25,7 +29,7 @@ class FastJSONResponse(JSONResponse):
     faster than json.dumps."""
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+        return orjson.dumps(content) if orjson is not None else super().render(content)
 
 
 def idempotent(request: Request, svc: Service, token: Token, key: str | None, body: BaseModel | None,
