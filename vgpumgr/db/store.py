@@ -2,6 +2,9 @@
 transaction and never commits: the service decides what goes together (change + audit event).
 
 Host-local functions take the host as a Host row or its id.
+
+Long because: it is the one repository API over every table the service writes (hosts, GPUs, types, VMs,
+allocations with their owners), with the hot path's statements built once at import next to them.
 """
 
 from __future__ import annotations
@@ -166,8 +169,7 @@ _RESERVE = {
 _BY_KEY = select(_ALLOC).where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.idempotency_key == bindparam("key"))
 
 
-def detached(row: Any) -> Allocation:
-    """An Allocation object from a Core row of its columns (extra labels such as `vm_name` are ignored)."""
+def detached(row: Any) -> Allocation:  # an Allocation from a Core row of its columns (extra labels ignored)
     return _detached(Allocation(**{c: row._mapping[c] for c in _ALLOC.c.keys()}))
 
 
@@ -299,8 +301,7 @@ def release(session: Session, allocation: Allocation, at: datetime | None = None
 
 
 def release_live(session: Session, allocation: Allocation, at: datetime | None = None) -> bool:
-    """`release` for a caller that read the row earlier: False (and nothing changed) when another
-    release got there first."""
+    """`release` of a row read earlier: False (nothing changed) when another release got there first."""
     at = at or utcnow()
     if session.connection().execute(_RELEASE, {"aid": allocation.id, "at": at}).rowcount != 1:
         return False
@@ -328,8 +329,8 @@ _LIVE_BY = {
            _ALLOC.c[column] == bindparam("ref"))
     for column in ("uuid", "pci_address")
 }
-_LIVE_PLACEMENTS = (select(_ALLOC.c.backend, _ALLOC.c.parent, _ALLOC.c.pci_address, _ALLOC.c.uuid, _ALLOC.c.type_id,
-                           _ALLOC.c.type_name, _ALLOC.c.detail, _VMS.c.name.label("vm_name"))
+_LIVE_PLACEMENTS = (select(*(_ALLOC.c[c] for c in ("backend", "parent", "pci_address", "uuid", "type_id", "type_name",
+                                                   "detail")), _VMS.c.name.label("vm_name"))
                     .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
                     .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES),
                            _ALLOC.c.backend != BACKEND_PASSTHROUGH)
@@ -337,8 +338,7 @@ _LIVE_PLACEMENTS = (select(_ALLOC.c.backend, _ALLOC.c.parent, _ALLOC.c.pci_addre
 
 
 def live_placements(session: Session, host: Host | int) -> list[Any]:
-    """What placement needs of the live vGPU allocations (no passthrough), with their VM names: one Core
-    query, plain rows (backend, parent, pci_address, uuid, type_id, type_name, detail, vm_name)."""
+    """What placement needs of the live vGPU allocations (not passthrough) and their VM names: one query."""
     return list(session.connection().execute(_LIVE_PLACEMENTS, {"host_id": _id(host)}))
 
 
@@ -357,8 +357,7 @@ def live_allocation(session: Session, host: Host | int, *, uuid: str | None = No
 
 def live_allocation_row(session: Session, host: Host | int, *, uuid: str | None = None,
                         pci_address: str | None = None) -> Any:
-    """The live allocation's row (Core: every column and `vm_name`) or None; one query. `detached(row)` makes
-    it an Allocation object that `activate`/`release` accept without loading it again."""
+    """The live allocation's row (every column and `vm_name`; `detached(row)` for an Allocation) or None."""
     if uuid is not None:
         column, ref = "uuid", ids.mdev_uuid(uuid)
     elif pci_address is not None:
