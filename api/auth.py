@@ -28,8 +28,10 @@ class Unauthorized(VgpuError):
     kind = "unauthorized"
 
 
-def current_token(request: Request,
-                  creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Token:
+async def current_token(request: Request,
+                        creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Token:
+    """`async`: no thread-pool hop per request; the lookup is a dict hit, and a database query at most
+    once per token and LOOKUP_TTL seconds."""
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise Unauthorized("this endpoint needs a bearer token",
                            hint="send `Authorization: Bearer <token>`; `vgpumgr token create` makes one")
@@ -43,7 +45,7 @@ def current_token(request: Request,
 def require(*roles: str) -> Callable[..., Token]:
     allowed = tuple(roles)
 
-    def check(token: Token = Depends(current_token)) -> Token:
+    async def check(token: Token = Depends(current_token)) -> Token:
         if token.role not in allowed:
             raise PermissionDenied(f"token '{token.name}' has role {token.role}, which may not do this",
                                    hint=f"use a token with role {' or '.join(allowed)}", role=token.role)

@@ -7,14 +7,18 @@ from fastapi import Header, Request
 from vgpumgr.errors import InvalidInput
 from vgpumgr.service import Service
 
+# The dependencies are `async def`: they never block, and a plain `def` would cost each request a hop to
+# the thread pool and back per dependency.
 
-def service(request: Request) -> Service:
+
+async def service(request: Request) -> Service:
     return request.app.state.service
 
 
-def idempotency_key(key: str | None = Header(default=None, alias="Idempotency-Key", max_length=128,
-                                             description="a retried request with the same key gets the same result"),
-                    ) -> str | None:
+async def idempotency_key(key: str | None = Header(default=None, alias="Idempotency-Key", max_length=128,
+                                                   description="a retried request with the same key gets the same "
+                                                               "result"),
+                          ) -> str | None:
     if key is None:
         return None
     key = key.strip()

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Load test of the REST API: N concurrent clients allocate and release vGPUs on a simulated 8-GPU T4 host.
 
-    .venv/bin/python scripts/bench_api.py [--clients 8] [--pairs 2000] [--seconds 30] [--type T4-1Q]
+    .venv/bin/python scripts/bench_api.py [--clients 16] [--transport unix|tcp] [--pairs 2000] [--seconds 30]
 
-Starts `python -m api.server` on 127.0.0.1 (a free port) against `vgpumgr sim create DIR --profile t4
+Starts `python -m api.server` (uvicorn) on a unix socket, as the hooks reach it (`--transport unix`,
+default), or on 127.0.0.1 at a free port (`--transport tcp`), against `vgpumgr sim create DIR --profile t4
 --scale 8` and a fresh SQLite database, then prints throughput (allocate+release pairs per second),
 p50/p99 latencies, double allocations (a UUID handed out while still live, or an mdev left over) and 5xx
-responses. Targets: >= 300 pairs/s, p99 <= 50 ms, 0 double allocations, 0 5xx.
+responses. Targets (issue 13): >= 300 pairs/s with 16 clients, p99 <= 50 ms, 0 double allocations, 0 5xx.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -69,9 +77,30 @@ class Stats:
                 self.examples.append(f"{status}: {body[:200].decode(errors='replace')}")
 
 
-def client(n: int, port: int, token: str, type_name: str, stats: Stats, budget: list[int], deadline: float,
-           hold: float) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a unix socket (what a libvirt or Proxmox hook does)."""
+
+    def __init__(self, path: str, timeout: float = 30) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.path)
+        self.sock = sock
+
+
+def connection(address: str | int, timeout: float = 30) -> http.client.HTTPConnection:
+    """A socket path (str) or a TCP port on 127.0.0.1 (int)."""
+    if isinstance(address, str):
+        return UnixHTTPConnection(address, timeout)
+    return http.client.HTTPConnection("127.0.0.1", address, timeout=timeout)
+
+
+def client(n: int, address: str | int, token: str, type_name: str, stats: Stats, budget: list[int],
+           deadline: float, hold: float) -> None:
+    conn = connection(address)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     body = json.dumps({"type": type_name, "vm": f"bench-{n}"})
     while time.monotonic() < deadline:
@@ -112,29 +141,36 @@ def client(n: int, port: int, token: str, type_name: str, stats: Stats, budget: 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--transport", choices=("unix", "tcp"), default="unix")
     p.add_argument("--pairs", type=int, default=2000, help="allocate+release pairs in all (bound)")
     p.add_argument("--seconds", type=float, default=30.0, help="time bound")
     p.add_argument("--type", default="T4-1Q", help="T4-16Q (one per GPU) with more clients than GPUs tests "
                    "that capacity is never over-committed")
     p.add_argument("--hold", type=float, default=0.0, help="seconds each client keeps its vGPU before releasing")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     a = p.parse_args()
     # sysfs lives in memory on a host; the simulated tree and the database go to tmpfs as well
     tmp = Path(tempfile.mkdtemp(prefix="vgpumgr-bench-api-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     root = profiles.create(tmp / "sim", "t4", scale=8)
     cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect="test:///default")
     token = tokens.create_token(cfg, "bench", "operator")
-    port = free_port()
+    address: str | int
+    if a.transport == "unix":
+        address = str(tmp / "api.sock")
+        listen = ["--uds", address]
+    else:
+        address = free_port()
+        listen = ["--host", "127.0.0.1", "--port", str(address)]
     env = {**os.environ, "VGPUMGR_SYSFS_ROOT": str(root), "VGPUMGR_STATE_DIR": str(cfg.state_dir)}
     log = open(tmp / "server.log", "w")  # noqa: SIM115
-    server = subprocess.Popen([sys.executable, "-m", "api.server", "--host", "127.0.0.1", "--port", str(port),
-                               "--connect", "test:///default"], cwd=REPO, env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
+    server = subprocess.Popen([sys.executable, "-m", "api.server", *listen, "--connect", "test:///default"],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c = connection(address, timeout=2)
                 c.request("GET", "/v1/health")
                 if c.getresponse().status == 200:
                     break
@@ -147,21 +183,32 @@ def main() -> int:
         capacity = sum(t.available_instances for t in scan(Host(root)).types if t.matches(a.type))
         stats = Stats()
         budget = [a.pairs]
+        cpu0 = cpu_seconds(server.pid)
         start = time.monotonic()
-        threads = [threading.Thread(target=client, args=(i, port, token, a.type, stats, budget, start + a.seconds,
-                                                             a.hold))
+        threads = [threading.Thread(target=client, args=(i, address, token, a.type, stats, budget,
+                                                             start + a.seconds, a.hold))
                    for i in range(a.clients)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         elapsed = time.monotonic() - start
+        server_cpu_ms = (cpu_seconds(server.pid) - cpu0) * 1000 / max(1, len(stats.pairs))
         left = scan(Host(root)).mdevs
         over = max(0, stats.peak_live - capacity)
         doubles = stats.doubles + len(left) + over
         rate = len(stats.pairs) / elapsed
-        print(f"host: simulated 8x T4, {a.clients} clients, type {a.type}, {len(stats.pairs)} pairs in {elapsed:.1f} s")
-        print(f"throughput: {rate:.0f} allocate+release pairs/s (target >= 300)")
+        if a.json:
+            print(json.dumps({"transport": a.transport, "clients": a.clients, "pairs": len(stats.pairs),
+                              "seconds": elapsed, "pairs_per_s": rate, "p50_ms": pct(stats.pairs, .5),
+                              "p99_ms": pct(stats.pairs, .99), "doubles": doubles,
+                              "server_errors": stats.server_errors, "other_errors": stats.other_errors,
+                              "server_cpu_ms_per_pair": server_cpu_ms}))
+            return 0 if doubles == 0 and stats.server_errors == 0 else 1
+        print(f"host: simulated 8x T4, {a.clients} clients over {a.transport}, type {a.type}, "
+              f"{len(stats.pairs)} pairs in {elapsed:.1f} s")
+        print(f"throughput: {rate:.0f} allocate+release pairs/s (target >= 300); server CPU {server_cpu_ms:.1f} ms "
+              "per pair")
         print(f"pair latency: p50 {pct(stats.pairs, .5):.1f} ms, p99 {pct(stats.pairs, .99):.1f} ms (target <= 50)")
         print(f"allocate: p50 {pct(stats.alloc, .5):.1f} ms, p99 {pct(stats.alloc, .99):.1f} ms; "
               f"release: p50 {pct(stats.release, .5):.1f} ms, p99 {pct(stats.release, .99):.1f} ms")

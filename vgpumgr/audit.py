@@ -103,6 +103,14 @@ def append(session: Session, *, actor: str, action: str, outcome: str, host: str
 
     The head row stays locked until that transaction ends (row lock on PostgreSQL, the BEGIN IMMEDIATE
     write lock on SQLite), so concurrent appends queue up instead of forking the chain."""
+    return AuditEvent(**record(session, actor=actor, action=action, outcome=outcome, host=host, gpu=gpu, vm=vm,
+                               vgpu=vgpu, error=error, detail=detail, at=at))  # a detached copy of what was written
+
+
+def record(session: Session, *, actor: str, action: str, outcome: str, host: str, gpu: str | None = None,
+           vm: str | None = None, vgpu: str | None = None, error: str | BaseException | None = None,
+           detail: dict[str, Any] | None = None, at: datetime | None = None) -> dict[str, Any]:
+    """`append` for callers that need no AuditEvent object: the written columns as a dict."""
     if outcome not in OUTCOMES:
         raise InvalidInput(f"audit outcome '{outcome}' is not one of {', '.join(OUTCOMES)}")
     if not actor or not action or not host:
@@ -133,7 +141,7 @@ def append(session: Session, *, actor: str, action: str, outcome: str, host: str
     checkpointer = session.info.get(CHECKPOINTER)
     if checkpointer is not None and checkpointer.every and values["seq"] % checkpointer.every == 0:
         checkpointer.after_commit(session)  # a file write every N events, none on the others
-    return AuditEvent(**values)  # a detached copy of what was written
+    return values
 
 
 def head(session: Session) -> tuple[int, str]:

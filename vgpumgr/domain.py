@@ -426,10 +426,12 @@ def build(spec: VmSpec) -> Domain:
     return dom
 
 
-def render(spec: VmSpec) -> str:
-    """Pretty domain XML for a spec, validated; InvalidInput with a readable message otherwise."""
+def render(spec: VmSpec, schema: bool = True) -> str:
+    """Pretty domain XML for a spec, validated; InvalidInput with a readable message otherwise.
+    `schema=False` skips only the RelaxNG check against libvirt's domain.rng (compiling it is most of the
+    cost): for a dry run that defines nothing; what is about to be defined is always checked."""
     xml = _to_string(build(spec).element)
-    validate(xml)
+    validate(xml, schema=schema)
     return xml
 
 
@@ -499,13 +501,16 @@ def _semantic_problems(root: etree._Element) -> list[str]:
     return problems
 
 
-def validate(xml: str) -> None:
-    """Semantic checks (readable messages), then RelaxNG against libvirt's domain.rng (compiled once)."""
+def validate(xml: str, schema: bool = True) -> None:
+    """Semantic checks (readable messages), then RelaxNG against libvirt's domain.rng (compiled once per
+    process; `schema=False` leaves that out)."""
     root = parse_xml(xml)
     problems = _semantic_problems(root)
     if problems:
         raise InvalidInput("the domain XML is not usable: " + "; ".join(problems),
                            hint="fix the VM spec; `vgpumgr vm create --print-xml` shows the XML")
+    if not schema:
+        return
     rng = _domain_rng()
     if not rng.validate(etree.ElementTree(root)):
         errors = [f"line {e.line}: {e.message}" for e in rng.error_log][:5]

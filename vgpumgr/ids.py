@@ -5,6 +5,7 @@ Nothing in vgpumgr builds a sysfs path from a string that has not passed through
 
 from __future__ import annotations
 
+import os
 import re
 from collections import namedtuple
 from functools import cache
@@ -93,9 +94,12 @@ def mdev_uuid(text: str) -> str:
 
 
 def new_uuid() -> str:
-    import uuid
-
-    return str(uuid.uuid4())
+    """A random (version 4) UUID, as uuid.uuid4() makes it, without importing uuid (~3 ms at start)."""
+    b = bytearray(os.urandom(16))
+    b[6] = b[6] & 0x0F | 0x40  # version 4
+    b[8] = b[8] & 0x3F | 0x80  # RFC 4122 variant
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def type_dir(text: str) -> str:

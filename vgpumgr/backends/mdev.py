@@ -28,10 +28,14 @@ def get(host: Host, uuid: str) -> Mdev | None:
     path = host.mdev(uuid)
     if not path.is_symlink() and not path.exists():
         return None
-    real = os.path.realpath(path)
-    group = link_name(f"{real}/iommu_group")
+    try:  # the bus link points at .../<parent>/<uuid>: its text names the parent (no realpath walk)
+        target = os.readlink(path)
+    except OSError:
+        target = ""
+    real = target if os.path.basename(target) == uuid else os.path.realpath(path)
+    group = link_name(f"{path}/iommu_group")
     parent = os.path.basename(os.path.dirname(real))
-    return Mdev(uuid=uuid, parent=parent, type=link_name(f"{real}/mdev_type") or "?",
+    return Mdev(uuid=uuid, parent=parent, type=link_name(f"{path}/mdev_type") or "?",
                 iommu_group=int(group) if group and group.isdigit() else None,
                 gpu=(link_name(f"{host.mdev_bus}/{parent}/physfn") or parent) if ids.is_pci_address(parent) else None)
 

@@ -24,6 +24,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     _policy_args(p)
     p.add_argument("--start", action="store_true", help="start the VM after defining it")
     p.add_argument("--print-xml", action="store_true", help="dry run: print the XML, change nothing")
+    p.add_argument("--validate", action="store_true",
+                   help="with --print-xml: also check the XML against libvirt's domain.rng (a create always does)")
     p.add_argument("--json", action="store_true")
     p = cmd(vm, ("vm", "list"), "vgpumgr.cli.vm:list_", "list VMs")
     p.add_argument("--json", action="store_true")
@@ -108,7 +110,7 @@ def dry_run(args: argparse.Namespace) -> str:
         merge_nvml(cfg, inv.gpus, quiet=True)
     spec.hostdevs = plan_hostdevs(inv, Placer(inv), [], name, args.vgpu, args.passthrough, args.mig,
                                   policy_from(args), args.display)
-    return render(spec)
+    return render(spec, schema=args.validate)
 
 
 def list_(args: argparse.Namespace, out: TextIO) -> int:

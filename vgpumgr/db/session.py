@@ -28,6 +28,8 @@ MIGRATIONS_DIR = data_dir("migrations")
 # without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
 SCHEMA_REVISION = "0005_restore"
 
+READ_ONLY = "vgpumgr_read_only"  # execution option: a transaction that only reads
+
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 _schema_ready: set[str] = set()
@@ -68,7 +70,8 @@ def _sqlite_setup(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read-only unit (see `read_sessions`) takes no write lock: in WAL it never waits for the writer.
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
@@ -115,6 +118,13 @@ def session_factory(url_or_engine: str | Engine | None = None) -> sessionmaker[S
     """Sessions whose objects stay usable after commit (the service hands rows on to the caller)."""
     engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
     return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def read_sessions(url_or_engine: str | Engine | None = None) -> sessionmaker[Session]:
+    """Sessions for reading only: on SQLite a plain (deferred) BEGIN instead of BEGIN IMMEDIATE, so a
+    lookup neither takes nor waits for the database's write lock. Writing through one is a mistake."""
+    engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
+    return sessionmaker(bind=engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
 
 def _alembic_config(engine: Engine) -> Any:

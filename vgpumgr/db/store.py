@@ -2,6 +2,9 @@
 transaction and never commits: the service decides what goes together (change + audit event).
 
 Host-local functions take the host as a Host row or its id.
+
+Long because: it is the one repository API over every table the service writes (hosts, GPUs, types, VMs,
+allocations with their owners), with the hot path's statements built once at import next to them.
 """
 
 from __future__ import annotations
@@ -166,6 +169,10 @@ _RESERVE = {
 _BY_KEY = select(_ALLOC).where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.idempotency_key == bindparam("key"))
 
 
+def detached(row: Any) -> Allocation:  # an Allocation from a Core row of its columns (extra labels ignored)
+    return _detached(Allocation(**{c: row._mapping[c] for c in _ALLOC.c.keys()}))
+
+
 def _detached(obj: Any) -> Any:
     """A row written with Core, as an ORM object a session can adopt with add() (no second INSERT)."""
     make_transient_to_detached(obj)
@@ -293,6 +300,17 @@ def release(session: Session, allocation: Allocation, at: datetime | None = None
     return allocation
 
 
+def release_live(session: Session, allocation: Allocation, at: datetime | None = None) -> bool:
+    """`release` of a row read earlier: False (nothing changed) when another release got there first."""
+    at = at or utcnow()
+    if session.connection().execute(_RELEASE, {"aid": allocation.id, "at": at}).rowcount != 1:
+        return False
+    set_committed_value(allocation, "state", ALLOC_RELEASED)
+    set_committed_value(allocation, "released_at", at)
+    licensing.release(session, allocation, at)
+    return True
+
+
 def _describe(allocation: Allocation) -> str:
     return allocation.uuid or allocation.pci_address or f"#{allocation.id}"
 
@@ -301,6 +319,27 @@ def find_by_idempotency_key(session: Session, host: Host | int, key: str) -> All
     """The allocation a request with this key made earlier (a detached object; Core, for speed)."""
     row = session.connection().execute(_BY_KEY, {"host_id": _id(host), "key": key}).first()
     return None if row is None else _detached(Allocation(**row._mapping))
+
+
+_VMS = Vm.__table__
+_LIVE_BY = {
+    column: select(_ALLOC, _VMS.c.name.label("vm_name"))
+    .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
+    .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES),
+           _ALLOC.c[column] == bindparam("ref"))
+    for column in ("uuid", "pci_address")
+}
+_LIVE_PLACEMENTS = (select(*(_ALLOC.c[c] for c in ("backend", "parent", "pci_address", "uuid", "type_id", "type_name",
+                                                   "detail")), _VMS.c.name.label("vm_name"))
+                    .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
+                    .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES),
+                           _ALLOC.c.backend != BACKEND_PASSTHROUGH)
+                    .order_by(_ALLOC.c.id))
+
+
+def live_placements(session: Session, host: Host | int) -> list[Any]:
+    """What placement needs of the live vGPU allocations (not passthrough) and their VM names: one query."""
+    return list(session.connection().execute(_LIVE_PLACEMENTS, {"host_id": _id(host)}))
 
 
 def live_allocation(session: Session, host: Host | int, *, uuid: str | None = None,
@@ -314,6 +353,18 @@ def live_allocation(session: Session, host: Host | int, *, uuid: str | None = No
     else:
         raise InvalidInput("give a UUID or a PCI address")
     return session.scalar(stmt)
+
+
+def live_allocation_row(session: Session, host: Host | int, *, uuid: str | None = None,
+                        pci_address: str | None = None) -> Any:
+    """The live allocation's row (every column and `vm_name`; `detached(row)` for an Allocation) or None."""
+    if uuid is not None:
+        column, ref = "uuid", ids.mdev_uuid(uuid)
+    elif pci_address is not None:
+        column, ref = "pci_address", ids.pci_address(pci_address)
+    else:
+        raise InvalidInput("give a UUID or a PCI address")
+    return session.connection().execute(_LIVE_BY[column], {"host_id": _id(host), "ref": ref}).first()
 
 
 def allocations(session: Session, host: Host | int | None = None, *, vm: Vm | str | None = None,

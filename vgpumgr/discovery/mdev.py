@@ -180,16 +180,25 @@ def types_json(host: Host, parent: str | None = None, cache: TypeCache | None = 
     return out
 
 
-def discover_mdevs(host: Host) -> list[Mdev]:
+def discover_mdevs(host: Host, parents: set[str] | None = None) -> list[Mdev]:
+    """The mdevs of the host, or only those under `parents` (what a re-read after our own change needs)."""
     from vgpumgr.model import Mdev
 
     out = []
     base = str(host.mdev_devices)
     for uuid in listdir(base):
-        real = os.path.realpath(f"{base}/{uuid}")
-        parent = os.path.basename(os.path.dirname(real))
-        group = link_name(f"{real}/iommu_group")
-        out.append(Mdev(uuid=uuid, parent=parent, type=link_name(f"{real}/mdev_type") or "?",
+        link = f"{base}/{uuid}"
+        try:  # sysfs links to .../<parent>/<uuid>: the parent is the link's second-last name, no realpath needed
+            target = os.readlink(link)
+        except OSError:
+            continue
+        if os.path.basename(target) != uuid:
+            target = os.path.realpath(link)
+        parent = os.path.basename(os.path.dirname(target))
+        if parents is not None and parent not in parents:
+            continue
+        group = link_name(f"{link}/iommu_group")
+        out.append(Mdev(uuid=uuid, parent=parent, type=link_name(f"{link}/mdev_type") or "?",
                         iommu_group=int(group) if group and group.isdigit() else None,
                         gpu=physical_gpu(host, parent) if ids.is_pci_address(parent) else None))
     return out

@@ -51,14 +51,18 @@ def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
     return out
 
 
-def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None) -> list[VfVgpu]:
+def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None, gpus: set[str] | None = None
+                      ) -> list[VfVgpu]:
+    """The VFs with a vGPU type set; with `gpus`, only the VFs of those physical GPUs."""
     from vgpumgr.model import VfVgpu
 
     out = []
     for vf in vendor_vfs(host):
         d = f"{host.pci_devices}/{vf}"
+        gpu = link_name(f"{d}/physfn") or vf
+        if gpus is not None and gpu not in gpus:
+            continue
         cur = read_int(f"{d}/nvidia/current_vgpu_type", 0) or 0
         if cur:
-            out.append(VfVgpu(address=vf, type=f"nvidia-{cur}", name=(names or {}).get(cur),
-                              gpu=link_name(f"{d}/physfn") or vf))
+            out.append(VfVgpu(address=vf, type=f"nvidia-{cur}", name=(names or {}).get(cur), gpu=gpu))
     return out

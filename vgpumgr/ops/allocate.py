@@ -27,16 +27,13 @@ from vgpumgr.placement import Decision, Policy, Request
 
 
 def live_records(svc: Context, s: Session) -> list[PlacedAlloc]:
-    h = svc.host_id(s)
-    names = {v.id: v.name for v in store.vms(s, h)}
+    """The live vGPU allocations as placement sees them (one query)."""
     out = []
-    for a in store.allocations(s, h, live=True):
-        if a.backend == BACKEND_PASSTHROUGH:
-            continue
+    for a in store.live_placements(s, svc.host_id(s)):
         d = a.detail or {}
         parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
         out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent,
-                               type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"), vm=names.get(a.vm_id),
+                               type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"), vm=a.vm_name,
                                backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name))
     return out
 
@@ -45,7 +42,7 @@ def place(svc: Context, type_name: str, vm: str | None = None, policy: Policy | 
           free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
     """What placement would choose now, changing nothing."""
     snap = svc.snapshot()
-    with svc.sessions() as s:
+    with svc.reads() as s:
         records = live_records(svc, s)
     return snap.placer.place(records, Request(type_name, vm), policy or Policy(),
                              free_gpu_instances=free_gpu_instances)
@@ -59,65 +56,84 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
     uuid = ids.mdev_uuid(uuid) if uuid else None
     vm = ids.vm_name(vm) if vm else None
     policy = policy or Policy()
-    with svc.locked():
-        leases.reap(svc, actor)  # what a crashed process left behind (one query when nothing is in flight)
+    args = (svc, type_name, vm, policy, idempotency_key, uuid, actor, detail, free_gpu_instances)
+    with svc.locked():  # held from the decision to the kernel write: the reservation row guards the rest
+        try:
+            made = _allocate_locked(*args, check_dead=True)
+        except leases.ReapFirst:  # a crashed process left reservations behind: roll them back, then go on
+            leases.reap(svc, actor)
+            made = _allocate_locked(*args, check_dead=False)
+    if isinstance(made, dict):
+        return made  # the earlier answer to this idempotency key
+    row, c = made
+    # Our reserved row (owned by this live process) counts as taken for every other placement meanwhile.
+    with svc.tx() as s:  # `row` is what the reservation wrote (and its seat): no need to read it back
+        store.activate(s, row, keep_owner=leases.is_holding())
+        if c.gpu and c.parent != c.gpu and ids.is_pci_address(c.parent):  # on a VF: remember its PF's VFs
+            boot_records.remember_vfs_of(s, svc.host_id(s), svc.host, c.gpu)
+        svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
+                   detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
+        return allocation_dict(row, s, vm_name=vm)
+
+
+def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Policy, idempotency_key: str | None,
+                     uuid: str | None, actor: str | None, detail: dict[str, Any] | None,
+                     free_gpu_instances: dict[str, list[str]] | None, *, check_dead: bool
+                     ) -> dict[str, Any] | tuple[AllocRow, Any]:
+    """Decide, reserve and write to the kernel (holding the host lock): the reserved row and the choice, or
+    the earlier answer to the idempotency key."""
+    with svc.tx() as s:  # one transaction: dead owners?, the key, the records, place, reserve, seat, audit
+        if check_dead:
+            leases.check_dead(svc, s)  # one indexed query when nothing is in flight
         if idempotency_key:
-            found = by_key(svc, idempotency_key)
+            found = _by_key(svc, s, idempotency_key)
             if found is not None:
                 return found
-        with svc.tx() as s:  # one transaction: read the records, place, reserve, take a seat, audit
-            decision = _decide(svc, s, type_name, vm, policy, free_gpu_instances)
-            c = decision.choice
-            if c is None:
-                err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
-                                 hint="`vgpumgr place --type ... --explain` shows why each candidate was refused",
-                                 rejected=[r.__dict__ for r in decision.rejected][:20])
-                svc.event(s, audit.PLACEMENT, FAILED, actor=actor, vm=vm, error=str(err),
-                           detail={"type": type_name, "policy": dataclasses.asdict(policy)})
-            else:
-                inv = svc.snapshot().inventory
-                t = next((t for t in inv.types_of(c.parent) if t.type == c.type), None)
-                parsed = ids.parse_type_name(c.name or "")
-                fb = t.framebuffer_mb if t and t.framebuffer_mb else (
-                    int(parsed.framebuffer_gb * 1024) if parsed else None)
-                series = t.series if t and t.series else (parsed.series if parsed else None)
-                new_uuid = (uuid or ids.new_uuid()) if c.backend == BACKEND_MDEV else None
-                g = inv.gpu(c.gpu) if c.gpu else None
-                h = svc.host_id(s)
-                gpu_row = svc.gpu_row(s, c.gpu, g.name if g else "") if c.gpu else None
-                vm_row = store.upsert_vm(s, h, vm) if vm else None
-                row = store.reserve_allocation(
-                    s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
-                    pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
-                    type_name=c.name, series=series, idempotency_key=idempotency_key,
-                    detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
-                licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
-                                  actor=actor or svc.cfg.actor, host_name=svc.hostname)
-                svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
-                           detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
-                row_id = row.id
+        decision = _decide(svc, s, type_name, vm, policy, free_gpu_instances)
+        c = decision.choice
         if c is None:
-            raise err
-        leases.crash_point("reserved")
-        try:
-            if c.backend == BACKEND_MDEV:
-                mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
-            else:
-                nvidia_vf.set_type(svc.host, c.parent, c.type)
-        except BaseException as e:
-            _rollback_allocation(svc, row_id, e, actor)
-            svc.invalidate()
-            raise
-        svc.touch(c.gpu, c.parent)
-        leases.crash_point("created")
-        with svc.tx() as s:
-            row = s.get(AllocRow, row_id)
-            store.activate(s, row, keep_owner=leases.is_holding())
-            if c.gpu and c.parent != c.gpu and ids.is_pci_address(c.parent):  # on a VF: remember its PF's VFs
-                boot_records.remember_vfs_of(s, svc.host_id(s), svc.host, c.gpu)
-            svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
-                       detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
-            return allocation_dict(row, s)
+            err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
+                             hint="`vgpumgr place --type ... --explain` shows why each candidate was refused",
+                             rejected=[r.__dict__ for r in decision.rejected][:20])
+            svc.event(s, audit.PLACEMENT, FAILED, actor=actor, vm=vm, error=str(err),
+                       detail={"type": type_name, "policy": dataclasses.asdict(policy)})
+        else:
+            inv = svc.snapshot().inventory
+            t = next((t for t in inv.types_of(c.parent) if t.type == c.type), None)
+            parsed = ids.parse_type_name(c.name or "")
+            fb = t.framebuffer_mb if t and t.framebuffer_mb else (
+                int(parsed.framebuffer_gb * 1024) if parsed else None)
+            series = t.series if t and t.series else (parsed.series if parsed else None)
+            new_uuid = (uuid or ids.new_uuid()) if c.backend == BACKEND_MDEV else None
+            g = inv.gpu(c.gpu) if c.gpu else None
+            h = svc.host_id(s)
+            gpu_row = svc.gpu_row(s, c.gpu, g.name if g else "") if c.gpu else None
+            vm_row = store.upsert_vm(s, h, vm) if vm else None
+            row = store.reserve_allocation(
+                s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
+                pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
+                type_name=c.name, series=series, idempotency_key=idempotency_key,
+                detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
+            licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
+                              actor=actor or svc.cfg.actor, host_name=svc.hostname)
+            svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
+                       detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
+    if c is None:
+        raise err
+    leases.crash_point("reserved")
+    try:
+        if c.backend == BACKEND_MDEV:
+            mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
+        else:
+            nvidia_vf.set_type(svc.host, c.parent, c.type)
+    except BaseException as e:
+        _rollback_allocation(svc, row.id, e, actor)
+        svc.invalidate()
+        raise
+    svc.touch(c.gpu, c.parent)
+    leases.crash_point("created")
+    return row, c
+
 
 
 def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,
@@ -132,14 +148,17 @@ def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Po
 
 
 def by_key(svc: Context, key: str) -> dict[str, Any] | None:
-    with svc.sessions() as s:
-        row = store.find_by_idempotency_key(s, svc.host_id(s), key)
-        if row is None:
-            return None
-        if row.state == "released":
-            raise Conflict(f"idempotency key '{key}' belongs to a released vGPU",
-                           hint="use a new key for a new request")
-        return allocation_dict(row, s)
+    with svc.reads() as s:
+        return _by_key(svc, s, key)
+
+
+def _by_key(svc: Context, s: Session, key: str) -> dict[str, Any] | None:
+    row = store.find_by_idempotency_key(s, svc.host_id(s), key)
+    if row is None:
+        return None
+    if row.state == "released":
+        raise Conflict(f"idempotency key '{key}' belongs to a released vGPU", hint="use a new key for a new request")
+    return allocation_dict(row, s)
 
 def _rollback_allocation(svc: Context, row_id: int, error: BaseException, actor: str | None) -> None:
     with svc.tx() as s:
@@ -193,9 +212,20 @@ def allocate_passthrough(svc: Context, address: str, *, vm: str | None = None, i
 
 def find_allocation(svc: Context, ref: str) -> dict[str, Any]:
     """A live allocation by mdev UUID or PCI address."""
-    with svc.sessions() as s:
+    with svc.reads() as s:
         row = _live_row(svc, s, ref)
         return allocation_dict(row, s)
+
+def _live_core_row(svc: Context, s: Session, ref: str) -> Any:
+    h = svc.host_id(s)
+    if ids.is_pci_address(ref):
+        row = store.live_allocation_row(s, h, pci_address=ids.pci_address(ref))
+    else:
+        row = store.live_allocation_row(s, h, uuid=ids.mdev_uuid(ref))
+    if row is None:
+        raise NotFound(f"no live vGPU allocation {ref}", hint="`vgpumgr placements` lists them")
+    return row
+
 
 def _live_row(svc: Context, s: Session, ref: str) -> AllocRow:
     h = svc.host_id(s)
@@ -243,21 +273,21 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
     With `owner`, a record that no longer belongs to that owner is left alone (Conflict, audited); without,
     it is an administrator's release, audited as such."""
     with svc.locked():
-        with svc.sessions() as s:
-            row = _live_row(svc, s, ref)
-            row_id, backend = row.id, row.backend
-            uuid, address = row.uuid, row.pci_address
-            vm_name = allocation_dict(row, s)["vm"]
-            gpu, parent = (row.detail or {}).get("gpu"), row.parent
-            kernel_owner = (row.detail or {}).get("kernel_owner")
-            stale = owner is not None and not owner.matches(row, vm_name)
-            if stale:
-                err = Conflict(f"vGPU {uuid or address} now belongs to VM {vm_name or '(none)'} (allocation {row_id}),"
-                               f" not to the release's owner {owner.as_dict()}: left in place",
-                               hint="a late or repeated release of an earlier owner; nothing to do",
-                               owner=owner.as_dict(), holder={"vm": vm_name, "allocation_id": row_id})
+        with svc.reads() as s:
+            found = _live_core_row(svc, s, ref)
+        row = store.detached(found)  # read once: the host lock keeps it ours until the release below
+        row_id, backend = row.id, row.backend
+        uuid, address = row.uuid, row.pci_address
+        vm_name = found.vm_name
+        gpu, parent = (row.detail or {}).get("gpu"), row.parent
+        kernel_owner = (row.detail or {}).get("kernel_owner")
+        stale = owner is not None and not owner.matches(row, vm_name)
         if stale:
             assert owner is not None
+            err = Conflict(f"vGPU {uuid or address} now belongs to VM {vm_name or '(none)'} (allocation {row_id}),"
+                           f" not to the release's owner {owner.as_dict()}: left in place",
+                           hint="a late or repeated release of an earlier owner; nothing to do",
+                           owner=owner.as_dict(), holder={"vm": vm_name, "allocation_id": row_id})
             svc.record_failure(audit.VGPU_REMOVE, err, actor=actor, vm=owner.vm, vgpu=uuid or address,
                                detail={"refused": "owner mismatch", "owner": owner.as_dict(),
                                        "holder": {"vm": vm_name, "allocation_id": row_id}})
@@ -278,14 +308,15 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             svc.record_failure(audit.VGPU_REMOVE, e, actor=actor, vm=vm_name, vgpu=uuid or address)
             raise
         svc.touch(gpu, parent)
-        with svc.tx() as s:
-            row = s.get(AllocRow, row_id)
-            store.release(s, row)
-            svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=(row.detail or {}).get("gpu"), vm=vm_name,
-                       vgpu=uuid or address, detail={"type": row.type_id, "backend": backend,
-                                                     "owner": owner.as_dict() if owner else "admin (none named)",
-                                                     **({"kernel_owner": kernel_owner} if kernel_owner else {})})
-            return allocation_dict(row, s)
+    # The device is gone; until this commits the live record keeps placement off it (never the reverse).
+    with svc.tx() as s:
+        if not store.release_live(s, row):  # a concurrent release of the same vGPU recorded it first
+            raise NotFound(f"no live vGPU allocation {ref}", hint="it was released meanwhile")
+        svc.event(s, audit.VGPU_REMOVE, actor=actor, gpu=gpu, vm=vm_name,
+                   vgpu=uuid or address, detail={"type": row.type_id, "backend": backend,
+                                                 "owner": owner.as_dict() if owner else "admin (none named)",
+                                                 **({"kernel_owner": kernel_owner} if kernel_owner else {})})
+        return allocation_dict(row, s, vm_name=vm_name)
 
 
 def allocations(svc: Context, *, vm: str | None = None, gpu: str | None = None, state: str | None = None,

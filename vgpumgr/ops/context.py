@@ -22,7 +22,7 @@ from vgpumgr import audit, checkpoints, licensing
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.models import Gpu as GpuRow
-from vgpumgr.db.session import ensure_schema, session_factory
+from vgpumgr.db.session import ensure_schema, read_sessions, session_factory
 from vgpumgr.errors import Busy, VgpuError
 from vgpumgr.inventory import scan
 from vgpumgr.locking import host_lock
@@ -52,6 +52,7 @@ class Context:
         self.licence_mode = licensing.check_mode(licence_mode or os.environ.get("VGPUMGR_LICENCE_MODE", "warn"))
         ensure_schema(cfg.db_url)
         self.sessions = session_factory(cfg.db_url)
+        self.reads = read_sessions(cfg.db_url)  # lookups: no write lock taken (SQLite), never written through
         self.checkpointer = checkpoints.attach(self.sessions, checkpoints.Checkpointer.from_env(
             cfg.state_dir, self.hostname, simulated=self.host.simulated))
         self.lock_path = cfg.state_dir / "vgpumgr.lock"
@@ -90,7 +91,7 @@ class Context:
             self._thread_lock.release()
 
     def event(self, s: Session, action: str, outcome: str = OK, *, actor: str | None = None, **kw: Any) -> None:
-        audit.append(s, actor=actor or self.cfg.actor, action=action, outcome=outcome, host=self.hostname, **kw)
+        audit.record(s, actor=actor or self.cfg.actor, action=action, outcome=outcome, host=self.hostname, **kw)
 
     def record_failure(self, action: str, error: BaseException, *, actor: str | None = None, **kw: Any) -> None:
         with self.tx() as s:
@@ -149,9 +150,13 @@ class Context:
             types += discover_types(self.host, p, cache=self._type_cache)
         names = {int(t.type[7:]): t.name for t in types if t.type.startswith("nvidia-")}
         names |= {int(v.type[7:]): v.name for v in inv.vf_vgpus if v.name}
+        # Only the touched GPUs' devices are re-read; the rest of the host is as the snapshot saw it.
+        scope = {g for g in gpus if g} | parents
+        mdevs = [m for m in inv.mdevs if m.parent not in scope] + mdev_disc.discover_mdevs(self.host, scope)
+        vfs = [v for v in inv.vf_vgpus if v.gpu not in scope] + vf_disc.discover_vf_vgpus(self.host, names, scope)
         # a new Inventory: placers of older snapshots may still be reading the old one in other threads
-        return Inventory(gpus=inv.gpus, types=types, mdevs=mdev_disc.discover_mdevs(self.host),
-                         vf_vgpus=vf_disc.discover_vf_vgpus(self.host, names))
+        return Inventory(gpus=inv.gpus, types=types, mdevs=sorted(mdevs, key=lambda m: m.uuid),
+                         vf_vgpus=sorted(vfs, key=lambda v: v.address))
 
     def invalidate(self) -> None:
         with self._snap_lock:

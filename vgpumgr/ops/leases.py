@@ -170,7 +170,7 @@ def find_dead(svc: Context) -> list[Dead]:
     """Dead reservations of this host: one indexed query; /proc is read only for rows some operation owns.
     Call it holding the host lock (a `reserved` row is then never mid-allocation)."""
     now = utcnow()
-    with svc.sessions() as s:
+    with svc.reads() as s:
         suspects = [(r, why_dead(svc, r, now)) for r in store.in_flight(s, svc.host_id(s))
                     if not is_me(r.owner_boot, r.owner_pid, r.owner_started)]
         dead = []
@@ -182,6 +182,20 @@ def find_dead(svc: Context) -> list[Dead]:
             dead.append(Dead(r.id, d["uuid"] or d["pci_address"] or f"#{r.id}", r.state, d["vm"], reason,
                              row.backend, row.parent, row.type_id))
         return dead
+
+
+class ReapFirst(Exception):  # noqa: N818 - a signal to the caller, not an error
+    """Raised inside a transaction that found dead reservations: leave it (nothing written yet), `reap`,
+    and start again."""
+
+
+def check_dead(svc: Context, s: Any) -> None:
+    """Inside the caller's transaction: raise ReapFirst when this host has dead reservations (the same
+    indexed query as `find_dead`, so a clean host costs no transaction of its own)."""
+    now = utcnow()
+    for r in store.in_flight(s, svc.host_id(s)):
+        if not is_me(r.owner_boot, r.owner_pid, r.owner_started) and why_dead(svc, r, now) is not None:
+            raise ReapFirst
 
 
 def reap(svc: Context, actor: str | None = None) -> list[dict[str, Any]]:
@@ -257,5 +271,5 @@ def reap_locked(svc: Context, actor: str | None = None) -> list[dict[str, Any]]:
         return reap(svc, actor)
 
 
-__all__ = ["ADOPT", "ROLLBACK", "Dead", "find_dead", "holding", "owner_values", "reap", "reap_locked",
-           "roll_back", "take"]
+__all__ = ["ADOPT", "ROLLBACK", "Dead", "ReapFirst", "check_dead", "find_dead", "holding", "owner_values", "reap",
+           "reap_locked", "roll_back", "take"]

@@ -10,12 +10,18 @@ from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.db.models import LicenceLease, Vm
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 
+_LOOK_UP = object()
 
-def allocation_dict(a: AllocRow, s: Session | None = None) -> dict[str, Any]:
+
+def allocation_dict(a: AllocRow, s: Session | None = None, vm_name: str | None | object = _LOOK_UP
+                    ) -> dict[str, Any]:
+    """`vm_name`: the VM's name when the caller knows it already (saves a lookup)."""
     detail = a.detail or {}
     vm = None
     session = s or object_session(a)
-    if a.vm_id is not None:
+    if vm_name is not _LOOK_UP:
+        vm = vm_name
+    elif a.vm_id is not None:
         row = session.get(Vm, a.vm_id) if session else None
         vm = row.name if row else None
     return {

@@ -144,17 +144,17 @@ def refresh(tree: SimTree, pf: str) -> None:
     creatable = rules.nvidia_creatable(gpu["catalog"], fbs, mig=gpu["mig"], heterogeneous=gpu["heterogeneous"],
                                        total_fb_mb=gpu["total_fb_mb"], free_gi_profiles=free_gis)
     if iface == MDEV_PF:
-        d = tree.device_dir(pf)
+        d = str(tree.device_dir(pf))
         for tid, n in creatable.items():
-            update(d / f"mdev_supported_types/nvidia-{tid}/available_instances", f"{n}\n")
+            update(f"{d}/mdev_supported_types/nvidia-{tid}/available_instances", f"{n}\n")
         return
     for va in vfs_of(tree, pf):
         vdir = tree.device_dir(va)
         if iface == MDEV_VF:
             busy = bool(tree.mdevs_of(vdir))
             for tid, n in creatable.items():
-                update(vdir / f"mdev_supported_types/nvidia-{tid}/available_instances",
-                      f"{0 if busy or n == 0 else 1}\n")
+                update(f"{vdir}/mdev_supported_types/nvidia-{tid}/available_instances",
+                       f"{0 if busy or n == 0 else 1}\n")
         else:
             busy = int((vdir / "nvidia/current_vgpu_type").read_text()) != 0
             lines = ["ID    : vGPU Name\n"]

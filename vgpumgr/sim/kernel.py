@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import rules
 from vgpumgr.sim.tree import SimTree, update, write
@@ -54,13 +56,33 @@ def kstrto(data: str, what: str, *, base: int = 0, bits: int = 64, signed: bool 
 class KernelEmulator:
     def __init__(self, host) -> None:  # noqa: ANN001 - vgpumgr.host.Host (import cycle)
         self.root = Path(host.root)
+        self._lock_path = str(self.root / ".vgpumgr-sim.lock")
+        self._state: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
     def write(self, path: Path, data: str) -> None:
-        with open(self.root / ".vgpumgr-sim.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            tree = SimTree(self.root)
-            self._dispatch(tree, Path(path), data)
+        fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            tree = SimTree(self.root, state=self._cached_state())
+            try:
+                self._dispatch(tree, Path(path), data)
+            except BaseException:
+                self._state = None  # whatever a failed write may have touched is read afresh next time
+                raise
+            if tree.dirty:
+                self._state = None
             tree.save()
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def _cached_state(self) -> dict[str, Any]:
+        """The simulator's state file, parsed again only when it was replaced (writers replace it
+        atomically, so inode, mtime and size name one version). The writes handled here only read it."""
+        st = os.stat(self.root / SIM_MARKER)
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._state is None or self._state[0] != key:
+            self._state = (key, json.loads((self.root / SIM_MARKER).read_text()))
+        return self._state[1]
 
     def _dispatch(self, tree: SimTree, path: Path, data: str) -> None:
         if not path.parent.exists() or not (path.exists() or path.is_symlink()):

@@ -28,24 +28,37 @@ def write(path: Path, content: str) -> None:
         f.write(content)
 
 
-def update(path: Path, content: str) -> None:
-    """Rewrite an existing attribute file only when its value changes (the emulator's hot path)."""
+def update(path: Path | str, content: str) -> None:
+    """Rewrite an existing attribute file only when its value changes (the emulator's hot path: one open,
+    no text layer)."""
+    data = content.encode()
     try:
-        with open(path) as f:
-            if f.read() == content:
-                return
+        fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        f.write(content)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if os.read(fd, len(data) + 1) == data:
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
 
 
 def link(path: Path, target: Path) -> None:
-    """A relative symlink, as sysfs has them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink():
+    """A relative symlink, as sysfs has them (replacing one that is there)."""
+    rel = os.path.relpath(target, path.parent)
+    try:
+        os.symlink(rel, path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(rel, path)
+    except FileExistsError:
+        if not path.is_symlink():
+            raise
         path.unlink()
-    path.symlink_to(os.path.relpath(target, path.parent))
+        os.symlink(rel, path)
 
 
 def bdf_split(address: str) -> tuple[int, int, int, int]:
@@ -65,10 +78,12 @@ def vf_address(pf: str, index: int, offset: int = 4, stride: int = 1) -> str:
 
 
 class SimTree:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, state: dict[str, Any] | None = None) -> None:
+        """`state`: the parsed state file when the caller has it already (else read on first use)."""
         self.root = Path(root)
         self.sys = self.root / "sys"
-        self._state: dict[str, Any] | None = None
+        self._state: dict[str, Any] | None = state
+        self._real_dirs: dict[str, str] = {}
         self.dirty = False
 
     # -- state ----------------------------------------------------------------------------------
@@ -100,10 +115,24 @@ class SimTree:
 
     # -- paths ----------------------------------------------------------------------------------
     def device_dir(self, address: str) -> Path:
-        return (self.sys / "bus/pci/devices" / address).resolve()
+        return self._follow("bus/pci/devices", address)
 
     def parent_dir(self, parent: str) -> Path:
-        return (self.sys / "class/mdev_bus" / parent).resolve()
+        return self._follow("class/mdev_bus", parent)
+
+    def _follow(self, bus: str, name: str) -> Path:
+        """Where a bus link points. The links are relative and everything under sys/devices is a real
+        directory, so the bus directory's real path plus the link text, normalised, is the device's real
+        path: one readlink instead of realpath's lstat of every component."""
+        link_path = os.path.join(self.sys, bus, name)
+        try:
+            target = os.readlink(link_path)
+        except OSError:
+            return Path(link_path).resolve()
+        base = self._real_dirs.get(bus)
+        if base is None:
+            base = self._real_dirs[bus] = os.path.realpath(os.path.join(self.sys, bus))
+        return Path(os.path.normpath(os.path.join(base, target)))
 
     # -- PCI functions --------------------------------------------------------------------------
     def add_pci(self, address: str, *, vendor: str, device: str, subsys: tuple[str, str], cls: str,
@@ -269,14 +298,20 @@ class SimTree:
         return out
 
 
-def _rmtree(p: Path) -> None:
-    if p.is_symlink() or p.is_file():
-        p.unlink()
+def _rmtree(p: Path | str) -> None:
+    """Remove a file, link or directory tree (without following links); nothing if it is not there."""
+    try:
+        os.unlink(p)
         return
-    if not p.exists():
+    except FileNotFoundError:
         return
+    except (IsADirectoryError, PermissionError):  # a directory (EISDIR on Linux, EPERM elsewhere)
+        pass
     for e in os.scandir(p):
-        _rmtree(Path(e.path))
-    p.rmdir()
+        if e.is_dir(follow_symlinks=False):
+            _rmtree(e.path)
+        else:
+            os.unlink(e.path)
+    os.rmdir(p)
 
 

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
+comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
+
+    scripts/bench_all [--quick] [--json] [--only allocate,api,vm,discovery]
+
+Takes about 2-3 minutes (`--quick`: about one). The benchmarks are the scripts beside this one, run as
+separate processes with --json; a benchmark that cannot run (no PostgreSQL, no virt-install, no root for
+mdevctl's mount namespace) is listed as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Row:
+    what: str
+    measured: str
+    target: str
+    ratio: str
+    verdict: str
+
+
+def bench(script: str, *args: str, timeout: float = 240) -> tuple[dict | None, str]:
+    """(parsed JSON, '') or (None, why it did not run)."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, str(HERE / script), "--json", *args], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"{script} ran past {timeout:.0f} s"
+    lines = proc.stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return None, f"{script} failed ({proc.returncode}): {tail[0][:160]}"
+    print(f"  ran {script} {' '.join(args)} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return data, ""
+
+
+def at_least(what: str, value: float, target: float, unit: str, extra: str = "") -> Row:
+    return Row(what, f"{value:,.0f} {unit}{extra}", f">= {target:,.0f} {unit}", f"{value / target:.2f}",
+               "met" if value >= target else "MISSED")
+
+
+def at_most(what: str, value: float, target: float, unit: str, fmt: str = ",.0f", extra: str = "") -> Row:
+    return Row(what, f"{value:{fmt}} {unit}{extra}", f"<= {target:{fmt}} {unit}", f"{value / target:.2f}",
+               "met" if value <= target else "MISSED")
+
+
+def skipped(what: str, target: str, why: str) -> Row:
+    return Row(what, f"skipped: {why}", target, "-", "skipped")
+
+
+def allocate_rows(pairs: int) -> list[Row]:
+    rows = []
+    for db, target in (("sqlite", 500), ("postgresql", 300)):
+        what = f"library allocate+release, {db}"
+        r, why = bench("bench_allocate.py", "--db", db, "--pairs", str(pairs))
+        if r is None:
+            rows.append(skipped(what, f">= {target} pairs/s", why))
+            continue
+        extra = (f" ({r['statements_per_pair']:.1f} SQL statements per pair; allocate p50 "
+                 f"{r['allocate_ms']['p50']:.1f} ms, release p50 {r['release_ms']['p50']:.1f} ms)")
+        rows.append(at_least(what, r["pairs_per_s"], target, "pairs/s", extra))
+    return rows
+
+
+def api_rows(seconds: float) -> list[Row]:
+    rows = []
+    for transport in ("unix", "tcp"):
+        what = f"REST allocate+release, 16 clients, {transport}"
+        r, why = bench("bench_api.py", "--transport", transport, "--clients", "16", "--seconds", str(seconds),
+                       "--pairs", "100000")
+        if r is None:
+            rows.append(skipped(what, ">= 300 pairs/s", why))
+            continue
+        rows.append(at_least(what, r["pairs_per_s"], 300, "pairs/s",
+                             f" (server CPU {r['server_cpu_ms_per_pair']:.1f} ms per pair)"))
+        rows.append(at_most(f"  pair latency p99, {transport}", r["p99_ms"], 50, "ms", ",.0f",
+                            f" (p50 {r['p50_ms']:.0f} ms)"))
+        bad = r["doubles"] + r["server_errors"]
+        rows.append(Row(f"  double allocations + 5xx, {transport}", f"{r['doubles']} + {r['server_errors']}",
+                        "0 + 0", "-", "met" if bad == 0 else "MISSED"))
+    return rows
+
+
+def vm_rows(runs: int) -> list[Row]:
+    what = "vm create --print-xml vs virt-install --print-xml"
+    r, why = bench("bench_vm.py", "--runs", str(runs))
+    if r is None or r.get("ratio") is None:
+        return [skipped(what, "<= 25 % of virt-install", why or f"skipped: {r and r.get('skipped')}")]
+    ours, theirs = (statistics.median(r["ms"][k]) for k in ("vgpumgr", "virt-install"))
+    ratio = r["ratio"]
+    return [Row(what, f"{ours:.0f} ms vs {theirs:.0f} ms = {ratio:.0%}", "<= 25 %", f"{ratio / 0.25:.2f}",
+                "met" if ratio <= 0.25 else "MISSED")]
+
+
+def discovery_rows(runs: int) -> list[Row]:
+    r, why = bench("bench_discovery.py", "--runs", str(runs))
+    if r is None:
+        return [skipped("types --json, 128 parents x 29 types", "<= 120 ms", why)]
+    rows = [at_most("types --json, 128 parents x 29 types", statistics.median(r["types_128"]), 120, "ms"),
+            at_most("vgpumgr --help", statistics.median(r["help"]), 150, "ms")]
+    m = r["mdevctl"]
+    what = "types --json vs mdevctl types, same 128x29 tree"
+    if "skipped" in m:
+        rows.append(skipped(what, "<= 0.8x mdevctl", m["skipped"]))
+    else:
+        ours, theirs = statistics.median(m["vgpumgr"]), statistics.median(m["mdevctl"])
+        rows.append(Row(what, f"{ours:.0f} ms vs {theirs:.0f} ms = {m['ratio']:.2f}x", "<= 0.8x",
+                        f"{m['ratio'] / 0.8:.2f}", "met" if m["ratio"] <= 0.8 else "MISSED"))
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    head = Row("what", "measured", "target", "ratio", "verdict")
+    cols = list(zip(*[(r.what, r.measured, r.target, r.ratio, r.verdict) for r in [head, *rows]], strict=True))
+    widths = [max(len(c) for c in col) for col in cols]
+    lines = []
+    for i, r in enumerate([head, *rows]):
+        cells = (r.what, r.measured, r.target, r.ratio, r.verdict)
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |")
+        if i == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
+    ap.add_argument("--only", default="allocate,api,vm,discovery", help="comma-separated subset")
+    ap.add_argument("--json", action="store_true", help="the rows as JSON")
+    a = ap.parse_args()
+    only = set(a.only.split(","))
+    t0 = time.monotonic()
+    rows: list[Row] = []
+    if "allocate" in only:
+        rows += allocate_rows(150 if a.quick else 600)
+    if "api" in only:
+        rows += api_rows(5 if a.quick else 15)
+    if "vm" in only:
+        rows += vm_rows(5 if a.quick else 15)
+    if "discovery" in only:
+        rows += discovery_rows(5 if a.quick else 15)
+    if a.json:
+        print(json.dumps([r.__dict__ for r in rows]))
+    else:
+        print(table(rows))
+        print(f"({time.monotonic() - t0:.0f} s; ratio: measured / target, > 1 is better for throughput targets, "
+              "< 1 for time targets)")
+    return 0 if all(r.verdict != "MISSED" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
