@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -26,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_discovery import installed_like  # this folder: the same byte-compiled checkout for both timings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MDEV_UUID = "02cf755c-dcc5-5620-af1c-67549994f1ab"
@@ -104,15 +105,6 @@ def check(label: str, cmd: list[str]) -> str | None:
     if "<domain" not in proc.stdout or "<hostdev" not in proc.stdout:
         return "its output holds no <domain> with a <hostdev>"
     return None
-
-
-def installed_like() -> None:
-    """Time vgpumgr as installed: pip byte-compiles a package when it installs it, so compile this checkout
-    once and let the timed processes read the bytecode (PYTHONDONTWRITEBYTECODE, if set, would make every
-    run compile ~25 modules from source: ~40 ms that no installed copy pays)."""
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO_ROOT / "vgpumgr"), str(REPO_ROOT / "api")],
-                   check=True, stdout=subprocess.DEVNULL)
 
 
 def main() -> int:

@@ -216,23 +216,22 @@ def find_allocation(svc: Context, ref: str) -> dict[str, Any]:
         row = _live_row(svc, s, ref)
         return allocation_dict(row, s)
 
+
 def _live_core_row(svc: Context, s: Session, ref: str) -> Any:
-    h = svc.host_id(s)
-    if ids.is_pci_address(ref):
-        row = store.live_allocation_row(s, h, pci_address=ids.pci_address(ref))
-    else:
-        row = store.live_allocation_row(s, h, uuid=ids.mdev_uuid(ref))
-    if row is None:
-        raise NotFound(f"no live vGPU allocation {ref}", hint="`vgpumgr placements` lists them")
-    return row
+    """The live allocation as a Core row (the release's lookup: no ORM object needed)."""
+    return _live(svc, s, ref, store.live_allocation_row)
 
 
 def _live_row(svc: Context, s: Session, ref: str) -> AllocRow:
+    return _live(svc, s, ref, store.live_allocation)
+
+
+def _live(svc: Context, s: Session, ref: str, lookup: Any) -> Any:
     h = svc.host_id(s)
     if ids.is_pci_address(ref):
-        row = store.live_allocation(s, h, pci_address=ids.pci_address(ref))
+        row = lookup(s, h, pci_address=ids.pci_address(ref))
     else:
-        row = store.live_allocation(s, h, uuid=ids.mdev_uuid(ref))
+        row = lookup(s, h, uuid=ids.mdev_uuid(ref))
     if row is None:
         raise NotFound(f"no live vGPU allocation {ref}", hint="`vgpumgr placements` lists them")
     return row
