@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 from vgpumgr import ids
 from vgpumgr.backends.common import HolderCheck, ensure_free, vfio_holders, wait_for, write
-from vgpumgr.discovery.fs import link_name, read
+from vgpumgr.discovery.fs import read
 from vgpumgr.errors import Busy, Conflict, NoCapacity, NotFound, Timeout
 from vgpumgr.host import Host
 from vgpumgr.model import Mdev
@@ -24,20 +22,9 @@ def find_type_dir(host: Host, parent: str, type_id: str) -> str:
 
 
 def get(host: Host, uuid: str) -> Mdev | None:
-    uuid = ids.mdev_uuid(uuid)
-    path = host.mdev(uuid)
-    if not path.is_symlink() and not path.exists():
-        return None
-    try:  # the bus link points at .../<parent>/<uuid>: its text names the parent (no realpath walk)
-        target = os.readlink(path)
-    except OSError:
-        target = ""
-    real = target if os.path.basename(target) == uuid else os.path.realpath(path)
-    group = link_name(f"{path}/iommu_group")
-    parent = os.path.basename(os.path.dirname(real))
-    return Mdev(uuid=uuid, parent=parent, type=link_name(f"{path}/mdev_type") or "?",
-                iommu_group=int(group) if group and group.isdigit() else None,
-                gpu=(link_name(f"{host.mdev_bus}/{parent}/physfn") or parent) if ids.is_pci_address(parent) else None)
+    from vgpumgr.discovery.mdev import read_mdev
+
+    return read_mdev(host, ids.mdev_uuid(uuid))
 
 
 def create(host: Host, parent: str, type_id: str, uuid: str | None = None, timeout: float = 10.0) -> Mdev:

@@ -182,23 +182,29 @@ def types_json(host: Host, parent: str | None = None, cache: TypeCache | None = 
 
 def discover_mdevs(host: Host, parents: set[str] | None = None) -> list[Mdev]:
     """The mdevs of the host, or only those under `parents` (what a re-read after our own change needs)."""
+    out = []
+    for uuid in listdir(str(host.mdev_devices)):
+        m = read_mdev(host, uuid, parents)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def read_mdev(host: Host, uuid: str, parents: set[str] | None = None) -> Mdev | None:
+    """One mdev from its bus link (None when it is gone, or under none of `parents`); `uuid` is validated."""
     from vgpumgr.model import Mdev
 
-    out = []
-    base = str(host.mdev_devices)
-    for uuid in listdir(base):
-        link = f"{base}/{uuid}"
-        try:  # sysfs links to .../<parent>/<uuid>: the parent is the link's second-last name, no realpath needed
-            target = os.readlink(link)
-        except OSError:
-            continue
-        if os.path.basename(target) != uuid:
-            target = os.path.realpath(link)
-        parent = os.path.basename(os.path.dirname(target))
-        if parents is not None and parent not in parents:
-            continue
-        group = link_name(f"{link}/iommu_group")
-        out.append(Mdev(uuid=uuid, parent=parent, type=link_name(f"{link}/mdev_type") or "?",
-                        iommu_group=int(group) if group and group.isdigit() else None,
-                        gpu=physical_gpu(host, parent) if ids.is_pci_address(parent) else None))
-    return out
+    link = f"{host.mdev_devices}/{uuid}"
+    try:  # sysfs links to .../<parent>/<uuid>: the parent is the link's second-last name, no realpath needed
+        target = os.readlink(link)
+    except OSError:
+        return None
+    if os.path.basename(target) != uuid:
+        target = os.path.realpath(link)
+    parent = os.path.basename(os.path.dirname(target))
+    if parents is not None and parent not in parents:
+        return None
+    group = link_name(f"{link}/iommu_group")
+    return Mdev(uuid=uuid, parent=parent, type=link_name(f"{link}/mdev_type") or "?",
+                iommu_group=int(group) if group and group.isdigit() else None,
+                gpu=physical_gpu(host, parent))
