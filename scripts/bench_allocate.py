@@ -67,17 +67,25 @@ class Phases:
 
 
 class Counter:
-    """SQL statements and commits seen by one engine."""
+    """SQL statements and commits seen by one engine, with the prepared writes that bypass its events."""
 
     def __init__(self, engine: Any) -> None:
         from sqlalchemy import event
 
-        self.statements = self.commits = 0
+        from vgpumgr.db import prepared
+
+        self._prepared = prepared
+        self._prepared_before = prepared.executed
+        self.engine_statements = self.commits = 0
         event.listen(engine, "before_cursor_execute", self._stmt)
         event.listen(engine, "commit", self._commit)
 
     def _stmt(self, *_: Any) -> None:
-        self.statements += 1
+        self.engine_statements += 1
+
+    @property
+    def statements(self) -> int:
+        return self.engine_statements + self._prepared.executed - self._prepared_before
 
     def _commit(self, *_: Any) -> None:
         self.commits += 1

@@ -65,12 +65,20 @@ class PgServer:
     def start(self) -> PgServer:
         self._run("initdb", "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8",
                   "--no-sync", "--locale=C")
+        self._pg_ctl_start()
+        return self
+
+    def _pg_ctl_start(self) -> None:
         opts = (f"-c listen_addresses='' -c unix_socket_directories='{self.dir}' -c fsync=off "
                 "-c synchronous_commit=off -c full_page_writes=off -c max_connections=100")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-o", opts, "-w", "-t", "60",
                   "start")
         self.started = True
-        return self
+
+    def restart(self) -> None:
+        """Stop (closing every client connection) and start again, keeping the data."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        self._pg_ctl_start()
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg2://{self.user}@/{database}?host={self.dir}"

@@ -24,6 +24,7 @@ from sqlalchemy import Engine, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from vgpumgr.db.models import GENESIS_HASH, OUTCOMES, AuditEvent, AuditHead, utcnow
+from vgpumgr.db.prepared import Prepared
 from vgpumgr.errors import InvalidInput
 
 # Action names used across vgpumgr (free text is allowed; these keep reports greppable).
@@ -80,9 +81,13 @@ _HEAD_FOR_UPDATE = select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1
 _INSERT_EVENT = insert(AuditEvent.__table__)
 _HEAD = AuditHead.__table__
 _UPDATE_HEAD = update(_HEAD).where(_HEAD.c.id == 1).values(seq=bindparam("seq"), hash=bindparam("hash"))
-_ADVANCE_HEAD = (update(_HEAD)
-                 .where(_HEAD.c.id == 1, _HEAD.c.seq == bindparam("old_seq"), _HEAD.c.hash == bindparam("old_hash"))
-                 .values(seq=bindparam("seq"), hash=bindparam("hash")))
+_ADVANCE_HEAD = Prepared(update(_HEAD)
+                         .where(_HEAD.c.id == 1, _HEAD.c.seq == bindparam("old_seq"),
+                                _HEAD.c.hash == bindparam("old_hash"))
+                         .values(seq=bindparam("seq"), hash=bindparam("hash")))
+_EVENT_COLUMNS = ("seq", "at", "host", "actor", "action", "outcome", "gpu", "vm", "vgpu", "error", "detail",
+                  "prev_hash", "hash")
+_APPEND_EVENT = Prepared(_INSERT_EVENT, _EVENT_COLUMNS)
 # Session.info key of the checkpointer (vgpumgr.checkpoints) that a session's factory was given.
 CHECKPOINTER = "vgpumgr.audit.checkpointer"
 # Per engine, the head this process last wrote: usually still the head, which saves a read per append.
@@ -128,7 +133,7 @@ def record(session: Session, *, actor: str, action: str, outcome: str, host: str
         # Optimistic: assume the head is still the one this process wrote last. The conditional UPDATE
         # takes the head's lock and only succeeds if no one else appended (or rolled back) since.
         _link(values, *cached)
-        advanced = conn.execute(_ADVANCE_HEAD, {"seq": values["seq"], "hash": values["hash"],
+        advanced = _ADVANCE_HEAD.execute(conn, {"seq": values["seq"], "hash": values["hash"],
                                                 "old_seq": cached[0], "old_hash": cached[1]}).rowcount
         if advanced != 1:
             cached = None
@@ -136,7 +141,7 @@ def record(session: Session, *, actor: str, action: str, outcome: str, host: str
         head_seq, head_hash = conn.execute(_HEAD_FOR_UPDATE).one()
         _link(values, head_seq, head_hash)
         conn.execute(_UPDATE_HEAD, {"seq": values["seq"], "hash": values["hash"]})
-    conn.execute(_INSERT_EVENT, values)
+    _APPEND_EVENT.execute(conn, values)
     _last_head[conn.engine] = (values["seq"], values["hash"])
     checkpointer = session.info.get(CHECKPOINTER)
     if checkpointer is not None and checkpointer.every and values["seq"] % checkpointer.every == 0:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from vgpumgr.errors import InvalidInput
@@ -28,6 +30,7 @@ MIGRATIONS_DIR = data_dir("migrations")
 # without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
 SCHEMA_REVISION = "0005_restore"
 
+PING_AFTER_IDLE_S = 1.0  # a pooled server connection idle longer than this is checked before use
 READ_ONLY = "vgpumgr_read_only"  # execution option: a transaction that only reads
 
 _engines: dict[str, Engine] = {}
@@ -85,8 +88,34 @@ def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
         engine = create_engine(url, **kwargs)
         _sqlite_setup(engine)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        _ping_after_idle(engine)
+    return engine
+
+
+def _ping_after_idle(engine: Engine) -> None:
+    """Check a pooled server connection before use only when it sat idle for PING_AFTER_IDLE_S.
+
+    SQLAlchemy's pool_pre_ping would cost a round trip on every checkout: four per allocate+release
+    (`scripts/bench_allocate.py --db postgresql`). A connection in steady use was just proven alive; one that
+    sat idle may have been cut by a server restart or an idle timeout, and is then replaced before use."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return
+        try:
+            cur = dbapi_conn.cursor()
+            cur.execute("SELECT 1")
+            cur.close()
+        except Exception as exc:  # noqa: BLE001 - any failure means: use another connection
+            raise DisconnectionError("pooled connection is gone") from exc  # the pool retries with a new one
 
 
 def get_engine(url: str | None = None) -> Engine:

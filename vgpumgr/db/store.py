@@ -33,6 +33,7 @@ from vgpumgr.db.models import (
     Vm,
     utcnow,
 )
+from vgpumgr.db.prepared import Prepared
 from vgpumgr.errors import Conflict, InvalidInput
 from vgpumgr.model import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
 
@@ -162,9 +163,15 @@ _ALLOC = Allocation.__table__
 # ON CONFLICT DO NOTHING covers every unique index, partial ones included, without aborting the
 # transaction (PostgreSQL) and without a savepoint round trip. Built once: statement construction
 # costs more than executing it.
+OWNER_COLUMNS = ("owner_host", "owner_boot", "owner_pid", "owner_started", "lease_until")
+NO_OWNER: dict[str, Any] = dict.fromkeys(OWNER_COLUMNS)
+_RESERVE_COLUMNS = ("host_id", "backend", "parent", "type_id", "uuid", "pci_address", "gpu_id", "vm_id", "lease_id",
+                    "type_name", "series", "idempotency_key", "detail", "state", "created_at", "activated_at",
+                    "released_at", *OWNER_COLUMNS)
 _RESERVE = {
-    "postgresql": postgresql.insert(_ALLOC).on_conflict_do_nothing().returning(_ALLOC.c.id),
-    "sqlite": sqlite.insert(_ALLOC).on_conflict_do_nothing().returning(_ALLOC.c.id),
+    "postgresql": Prepared(postgresql.insert(_ALLOC).on_conflict_do_nothing().returning(_ALLOC.c.id),
+                           _RESERVE_COLUMNS),
+    "sqlite": Prepared(sqlite.insert(_ALLOC).on_conflict_do_nothing().returning(_ALLOC.c.id), _RESERVE_COLUMNS),
 }
 _BY_KEY = select(_ALLOC).where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.idempotency_key == bindparam("key"))
 
@@ -209,7 +216,8 @@ def reserve_allocation(session: Session, host: Host | int, *, backend: str, pare
               "state": ALLOC_RESERVED, "created_at": utcnow(), "activated_at": None, "released_at": None,
               **(owner or NO_OWNER)}
     conn = session.connection()
-    new_id = conn.execute(_RESERVE[conn.dialect.name], values).scalar()
+    inserted = _RESERVE[conn.dialect.name].execute(conn, values).fetchone()
+    new_id = inserted[0] if inserted else None
     if new_id is None:
         raise _conflict(session, values)
     return _detached(Allocation(id=new_id, **values))
@@ -229,13 +237,12 @@ def _conflict(session: Session, v: dict[str, Any]) -> Conflict:
                     hint="release it first, or let placement choose another function", pci_address=address)
 
 
-OWNER_COLUMNS = ("owner_host", "owner_boot", "owner_pid", "owner_started", "lease_until")
-NO_OWNER: dict[str, Any] = dict.fromkeys(OWNER_COLUMNS)
-_ACTIVATE = (update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state == ALLOC_RESERVED)
-             .values(state=ALLOC_ACTIVE, activated_at=bindparam("at")))
-_ACTIVATE_DONE = _ACTIVATE.values(**NO_OWNER)
-_RELEASE = (update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state != ALLOC_RELEASED)
-            .values(state=ALLOC_RELEASED, released_at=bindparam("at"), **NO_OWNER))
+_ACTIVATE_STMT = (update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state == ALLOC_RESERVED)
+                  .values(state=ALLOC_ACTIVE, activated_at=bindparam("at")))
+_ACTIVATE = Prepared(_ACTIVATE_STMT)
+_ACTIVATE_DONE = Prepared(_ACTIVATE_STMT.values(**NO_OWNER))
+_RELEASE = Prepared(update(_ALLOC).where(_ALLOC.c.id == bindparam("aid"), _ALLOC.c.state != ALLOC_RELEASED)
+                    .values(state=ALLOC_RELEASED, released_at=bindparam("at"), **NO_OWNER))
 _IN_FLIGHT = (select(_ALLOC.c.id, _ALLOC.c.state, *(_ALLOC.c[c] for c in OWNER_COLUMNS))
               .where(_ALLOC.c.host_id == bindparam("host_id"),
                      (_ALLOC.c.owner_pid.is_not(None)) | (_ALLOC.c.state == ALLOC_RESERVED))
@@ -253,7 +260,7 @@ def activate(session: Session, allocation: Allocation, at: datetime | None = Non
                        hint="reserve a new allocation instead")
     if allocation.state == ALLOC_RESERVED:
         at = at or utcnow()
-        session.connection().execute(_ACTIVATE if keep_owner else _ACTIVATE_DONE, {"aid": allocation.id, "at": at})
+        (_ACTIVATE if keep_owner else _ACTIVATE_DONE).execute(session.connection(), {"aid": allocation.id, "at": at})
         set_committed_value(allocation, "state", ALLOC_ACTIVE)
         set_committed_value(allocation, "activated_at", at)
         if not keep_owner:
@@ -293,7 +300,7 @@ def release(session: Session, allocation: Allocation, at: datetime | None = None
     if allocation.state == ALLOC_RELEASED:
         return allocation
     at = at or utcnow()
-    session.connection().execute(_RELEASE, {"aid": allocation.id, "at": at})
+    _RELEASE.execute(session.connection(), {"aid": allocation.id, "at": at})
     set_committed_value(allocation, "state", ALLOC_RELEASED)
     set_committed_value(allocation, "released_at", at)
     licensing.release(session, allocation, at)
@@ -303,7 +310,7 @@ def release(session: Session, allocation: Allocation, at: datetime | None = None
 def release_live(session: Session, allocation: Allocation, at: datetime | None = None) -> bool:
     """`release` of a row read earlier: False (nothing changed) when another release got there first."""
     at = at or utcnow()
-    if session.connection().execute(_RELEASE, {"aid": allocation.id, "at": at}).rowcount != 1:
+    if _RELEASE.execute(session.connection(), {"aid": allocation.id, "at": at}).rowcount != 1:
         return False
     set_committed_value(allocation, "state", ALLOC_RELEASED)
     set_committed_value(allocation, "released_at", at)
