@@ -55,6 +55,7 @@ class Host:
         if not self.root.is_dir():
             raise InvalidInput(f"sysfs root '{root}' is not a directory",
                                hint="pass --sysfs-root DIR of an existing tree, or make one with `vgpumgr sim create`")
+        self._fixed_paths()
         self.kernel = (kernel or self._named_kernel())(self)
         self.simulated = self.kernel.simulated
 
@@ -80,29 +81,14 @@ class Host:
         return cls(root or os.environ.get("VGPUMGR_SYSFS_ROOT") or "/")
 
     # -- paths (only from validated ids) --------------------------------------------------------
-    @property
-    def sys(self) -> Path:
-        return self.root / "sys"
-
-    @property
-    def pci_devices(self) -> Path:
-        return self.sys / "bus/pci/devices"
-
-    @property
-    def mdev_bus(self) -> Path:
-        return self.sys / "class/mdev_bus"
-
-    @property
-    def mdev_devices(self) -> Path:
-        return self.sys / "bus/mdev/devices"
-
-    @property
-    def dev_vfio(self) -> Path:
-        return self.root / "dev/vfio"
-
-    @property
-    def proc(self) -> Path:
-        return self.root / "proc"
+    # The fixed directories are built once: discovery asks for them thousands of times per scan.
+    def _fixed_paths(self) -> None:
+        self.sys = self.root / "sys"
+        self.pci_devices = self.sys / "bus/pci/devices"
+        self.mdev_bus = self.sys / "class/mdev_bus"
+        self.mdev_devices = self.sys / "bus/mdev/devices"
+        self.dev_vfio = self.root / "dev/vfio"
+        self.proc = self.root / "proc"
 
     def pci(self, address: str) -> Path:
         return self.pci_devices / ids.pci_address(address)

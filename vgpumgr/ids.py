@@ -83,6 +83,10 @@ def parent_name(text: str) -> str:
     )
 
 
+def is_mdev_uuid(text: str) -> bool:
+    return bool(_UUID.match(text))
+
+
 def mdev_uuid(text: str) -> str:
     s = (text or "").strip()
     if not _UUID.match(s):

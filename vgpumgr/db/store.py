@@ -336,17 +336,23 @@ _LIVE_BY = {
            _ALLOC.c[column] == bindparam("ref"))
     for column in ("uuid", "pci_address")
 }
-_LIVE_PLACEMENTS = (select(*(_ALLOC.c[c] for c in ("backend", "parent", "pci_address", "uuid", "type_id", "type_name",
-                                                   "detail")), _VMS.c.name.label("vm_name"))
-                    .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
-                    .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES),
-                           _ALLOC.c.backend != BACKEND_PASSTHROUGH)
-                    .order_by(_ALLOC.c.id))
+_LIVE_COLUMNS = ("id", "state", "backend", "parent", "pci_address", "uuid", "type_id", "type_name", "detail",
+                 *OWNER_COLUMNS)
+_LIVE_ROWS = (select(*(_ALLOC.c[c] for c in _LIVE_COLUMNS), _VMS.c.name.label("vm_name"))
+              .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
+              .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES))
+              .order_by(_ALLOC.c.id))
+
+
+def live_rows(session: Session, host: Host | int) -> list[Any]:
+    """Every live allocation (passthrough too) with its state, owner columns and VM name: one query that
+    serves both the dead-owner check and placement (Core rows)."""
+    return list(session.connection().execute(_LIVE_ROWS, {"host_id": _id(host)}))
 
 
 def live_placements(session: Session, host: Host | int) -> list[Any]:
-    """What placement needs of the live vGPU allocations (not passthrough) and their VM names: one query."""
-    return list(session.connection().execute(_LIVE_PLACEMENTS, {"host_id": _id(host)}))
+    """What placement needs of the live vGPU allocations (not passthrough) and their VM names."""
+    return [r for r in live_rows(session, host) if r.backend != BACKEND_PASSTHROUGH]
 
 
 def live_allocation(session: Session, host: Host | int, *, uuid: str | None = None,

@@ -182,12 +182,27 @@ def types_json(host: Host, parent: str | None = None, cache: TypeCache | None = 
 
 def discover_mdevs(host: Host, parents: set[str] | None = None) -> list[Mdev]:
     """The mdevs of the host, or only those under `parents` (what a re-read after our own change needs)."""
+    if parents is None:
+        candidates = listdir(str(host.mdev_devices))
+    else:  # an mdev's device directory is a child of its parent's (as in the kernel): list only those parents
+        candidates = sorted(_children(str(host.mdev_bus), parents))
     out = []
-    for uuid in listdir(str(host.mdev_devices)):
+    for uuid in candidates:
         m = read_mdev(host, uuid, parents)
         if m is not None:
             out.append(m)
     return out
+
+
+def _children(bus: str, parents: set[str]) -> set[str]:
+    found: set[str] = set()
+    for p in parents:
+        try:
+            names = os.listdir(f"{bus}/{ids.parent_name(p)}")
+        except OSError:  # not an mdev parent (e.g. the PF of a VF parent), or gone
+            continue
+        found.update(n for n in names if ids.is_mdev_uuid(n))
+    return found
 
 
 def read_mdev(host: Host, uuid: str, parents: set[str] | None = None) -> Mdev | None:

@@ -26,10 +26,12 @@ from vgpumgr.placement import Allocation as PlacedAlloc
 from vgpumgr.placement import Decision, Policy, Request
 
 
-def live_records(svc: Context, s: Session) -> list[PlacedAlloc]:
-    """The live vGPU allocations as placement sees them (one query)."""
+def live_records(svc: Context, s: Session, rows: list[Any] | None = None) -> list[PlacedAlloc]:
+    """The live vGPU allocations as placement sees them (one query, unless `rows` of `store.live_rows`)."""
     out = []
-    for a in store.live_placements(s, svc.host_id(s)):
+    for a in store.live_rows(s, svc.host_id(s)) if rows is None else rows:
+        if a.backend == BACKEND_PASSTHROUGH:
+            continue
         d = a.detail or {}
         parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
         out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent,
@@ -83,13 +85,14 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
     """Decide, reserve and write to the kernel (holding the host lock): the reserved row and the choice, or
     the earlier answer to the idempotency key."""
     with svc.tx() as s:  # one transaction: dead owners?, the key, the records, place, reserve, seat, audit
+        live = store.live_rows(s, svc.host_id(s))  # one query for the dead-owner check and placement
         if check_dead:
-            leases.check_dead(svc, s)  # one indexed query when nothing is in flight
+            leases.check_dead(svc, live)
         if idempotency_key:
             found = _by_key(svc, s, idempotency_key)
             if found is not None:
                 return found
-        decision = _decide(svc, s, type_name, vm, policy, free_gpu_instances)
+        decision = _decide(svc, s, type_name, vm, policy, free_gpu_instances, live)
         c = decision.choice
         if c is None:
             err = NoCapacity(f"no GPU can take a {type_name} vGPU now: {decision.summary()}",
@@ -137,8 +140,8 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
 
 
 def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,
-            free_gpu_instances: dict[str, list[str]] | None = None) -> Decision:
-    records = live_records(svc, s)
+            free_gpu_instances: dict[str, list[str]] | None = None, live: list[Any] | None = None) -> Decision:
+    records = live_records(svc, s, live)
     req = Request(type_name, vm)
     decision = svc.snapshot().placer.place(records, req, policy, free_gpu_instances=free_gpu_instances)
     if decision.choice is None and time.monotonic() - svc.snapshot().taken > 0.05:

@@ -189,12 +189,14 @@ class ReapFirst(Exception):  # noqa: N818 - a signal to the caller, not an error
     and start again."""
 
 
-def check_dead(svc: Context, s: Any) -> None:
-    """Inside the caller's transaction: raise ReapFirst when this host has dead reservations (the same
-    indexed query as `find_dead`, so a clean host costs no transaction of its own)."""
+def check_dead(svc: Context, live: list[Any]) -> None:
+    """Raise ReapFirst when this host has dead reservations among `live` (`store.live_rows`, read by the
+    caller's transaction for placement too, so a clean host costs no query of its own). In flight are the
+    rows `store.in_flight` returns: owned ones and `reserved` ones."""
     now = utcnow()
-    for r in store.in_flight(s, svc.host_id(s)):
-        if not is_me(r.owner_boot, r.owner_pid, r.owner_started) and why_dead(svc, r, now) is not None:
+    for r in live:
+        if (r.owner_pid is not None or r.state == ALLOC_RESERVED) and \
+                not is_me(r.owner_boot, r.owner_pid, r.owner_started) and why_dead(svc, r, now) is not None:
             raise ReapFirst
 
 
