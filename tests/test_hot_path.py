@@ -53,8 +53,10 @@ def test_lookups_take_no_sqlite_write_lock(tmp_path: Path) -> None:
     svc = make_service(tmp_path)
     begins: list[str] = []
     engine = svc.sessions.kw["bind"]
-    event.listen(engine, "before_cursor_execute", lambda c, cur, stmt, *a: begins.append(stmt)
-                 if stmt.startswith("BEGIN") else None)
+    # the BEGIN goes to the driver connection directly: watch what SQLite itself is asked to run
+    event.listen(engine, "connect", lambda dbapi_conn, _rec: dbapi_conn.set_trace_callback(
+        lambda sql: begins.append(sql) if sql.startswith("BEGIN") else None))
+    engine.dispose()  # new connections, with the trace
     a = svc.allocate("T4-4Q", vm="web1")
     begins.clear()
     assert svc.find_allocation(a["uuid"])["vm"] == "web1"
