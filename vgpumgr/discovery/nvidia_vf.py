@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from vgpumgr import ids
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int
 from vgpumgr.discovery.mdev import enrich
 from vgpumgr.host import Host
@@ -29,15 +30,30 @@ def parse_creatable(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def vendor_vfs(host: Host) -> list[str]:
-    """PCI functions that expose the vendor-specific vGPU interface."""
+def vendor_vfs(host: Host, gpus: set[str] | None = None) -> list[str]:
+    """PCI functions that expose the vendor-specific vGPU interface; with `gpus`, only those functions and
+    their VFs (the PF's `virtfn*` links, as the kernel makes them), without listing the whole bus."""
     base = str(host.pci_devices)
-    return [a for a in listdir(base) if os.path.exists(f"{base}/{a}/nvidia/current_vgpu_type")]
+    if gpus is None:
+        candidates = listdir(base)
+    else:
+        found = set()
+        for g in gpus:
+            if not ids.is_pci_address(g):
+                continue
+            found.add(g)
+            try:
+                found.update(os.path.basename(os.readlink(f"{base}/{g}/{n}"))
+                             for n in os.listdir(f"{base}/{g}") if n.startswith("virtfn"))
+            except OSError:
+                continue
+        candidates = sorted(found)
+    return [a for a in candidates if os.path.exists(f"{base}/{a}/nvidia/current_vgpu_type")]
 
 
 def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
     out = []
-    for vf in vendor_vfs(host):
+    for vf in vendor_vfs(host, {parent} if parent else None):
         from vgpumgr.model import VgpuType  # only when the host has vendor VFs
 
         if parent and vf != parent:
@@ -57,7 +73,7 @@ def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None, gpus: set
     from vgpumgr.model import VfVgpu
 
     out = []
-    for vf in vendor_vfs(host):
+    for vf in vendor_vfs(host, gpus):
         d = f"{host.pci_devices}/{vf}"
         gpu = link_name(f"{d}/physfn") or vf
         if gpus is not None and gpu not in gpus:
