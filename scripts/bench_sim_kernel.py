@@ -8,12 +8,13 @@ Cases (each on a tree built by `vgpumgr sim create` on tmpfs, with other vGPUs h
 Syscalls are counted with `strace -f -c` around two runs that differ only in the number of pairs, so
 the tree building and the interpreter's start cancel out.
 
-    .venv/bin/python scripts/bench_sim_kernel.py [--case t4-mdev] [--pairs 1000] [--syscalls] [--json]
+    .venv/bin/python scripts/bench_sim_kernel.py [--case t4-mdev] [--pairs 1000] [--syscalls] [--floor] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import random
@@ -81,6 +82,93 @@ def _setup(case: str, base: Path) -> tuple[Callable[[], None], Callable[[], None
     return make, undo
 
 
+def floor_ms(pairs: int, tmp: str | None, count_files: int = 17) -> float:
+    """ms per pair of the T4 pair's syscalls replayed bare (as strace lists them, no logic between):
+    per write the lock, the state's stat, the path's resolution and the checks' reads; the mdev's 4
+    directories, 5 links and 5 files made and then removed; `count_files` available_instances rewritten
+    by each write (17: a T4 going from empty to one vGPU and back)."""
+    with tempfile.TemporaryDirectory(dir=tmp) as d:
+        for sub in ("types", "groups", "bus", "vfio", "proc"):
+            os.mkdir(f"{d}/{sub}")
+        counts = [f"{d}/types/{i}" for i in range(count_files)]
+        for c in counts:
+            Path(c).write_text("4\n")
+        os.symlink("types", f"{d}/link")
+        lock, state = f"{d}/lock", f"{d}/state"
+        Path(state).write_text("{}")
+        wr, new = os.O_WRONLY | os.O_CLOEXEC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+
+        def common(name: str) -> int:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.stat(state)
+            p = os.open(f"{d}/types", os.O_PATH | os.O_DIRECTORY)
+            os.lstat(name, dir_fd=p)
+            os.readlink(f"/proc/self/fd/{p}")
+            os.close(p)
+            return fd
+
+        def counts_write(value: bytes) -> None:
+            os.readlink(f"{d}/link")  # physfn and the bus link, then the parent's listing
+            os.readlink(f"{d}/link")
+            list(os.scandir(d))
+            for c in counts:
+                fd = os.open(c, wr)
+                os.write(fd, value)
+                os.close(fd)
+
+        def pair() -> None:
+            fd = common("0")
+            m, g = f"{d}/m", f"{d}/groups/11"
+            os.path.lexists(f"{d}/bus/u")
+            f = os.open(counts[0], os.O_RDONLY)
+            os.read(f, 4096)
+            os.close(f)
+            os.mkdir(m)
+            os.symlink("t", f"{m}/mdev_type")
+            os.close(os.open(f"{m}/remove", new, 0o666))
+            f = os.open(f"{m}/uevent", new, 0o666)
+            os.write(f, b"DRIVER=nvidia\n")
+            os.close(f)
+            os.listdir(f"{d}/groups")
+            os.symlink("g", f"{m}/iommu_group")
+            os.mkdir(g)
+            os.mkdir(f"{g}/devices")
+            os.symlink("m", f"{g}/devices/u")
+            os.close(os.open(f"{d}/vfio/11", new, 0o666))
+            os.symlink("m", f"{d}/types/u")
+            os.symlink("m", f"{d}/bus/u")
+            os.mkdir(f"{m}/nvidia")
+            for n in ("vgpu_params", "vm_name"):
+                f = os.open(f"{m}/nvidia/{n}", new, 0o666)
+                os.write(f, b"\n")
+                os.close(f)
+            counts_write(b"3\n")
+            os.close(fd)
+            fd = common("1")
+            os.path.islink(f"{m}/mdev_type")
+            os.readlink(f"{m}/iommu_group")
+            os.listdir(f"{d}/proc")
+            os.readlink(f"{m}/mdev_type")
+            for p in (f"{d}/types/u", f"{d}/bus/u", f"{d}/vfio/11", f"{g}/devices/u"):
+                os.unlink(p)
+            os.rmdir(f"{g}/devices")
+            os.rmdir(g)
+            for n in ("mdev_type", "remove", "uevent", "iommu_group", "nvidia/vgpu_params", "nvidia/vm_name"):
+                os.unlink(f"{m}/{n}")
+            os.rmdir(f"{m}/nvidia")
+            os.rmdir(m)
+            counts_write(b"4\n")
+            os.close(fd)
+
+        for _ in range(20):
+            pair()
+        t0 = time.perf_counter()
+        for _ in range(pairs):
+            pair()
+        return (time.perf_counter() - t0) * 1000 / pairs
+
+
 def timed(case: str, pairs: int, tmp: str | None) -> float:
     """ms per pair."""
     with tempfile.TemporaryDirectory(dir=tmp) as d:
@@ -123,6 +211,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per case; the best is reported")
     ap.add_argument("--syscalls", action="store_true", help="also count syscalls per pair (strace -f -c)")
     ap.add_argument("--tmp", default="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    ap.add_argument("--floor", action="store_true",
+                    help="also the T4 pair's syscalls replayed bare, without the emulator's logic")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # one untimed run under strace
     args = ap.parse_args()
@@ -140,6 +230,9 @@ def main() -> int:
             r["syscalls_per_pair"] = round(sum(per.values()), 1)
             r["by_syscall"] = {k: round(v, 1) for k, v in per.items()}
         results[case] = r
+    if args.floor:
+        results["floor (t4 syscalls bare)"] = {"ms_per_pair": min(floor_ms(args.pairs, args.tmp)
+                                                                   for _ in range(args.repeat))}
     if args.json:
         print(json.dumps(results))
         return 0

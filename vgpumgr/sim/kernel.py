@@ -59,6 +59,7 @@ class KernelEmulator:
         self._lock_path = str(self.root / ".vgpumgr-sim.lock")
         self._state_path = str(self.root / SIM_MARKER)
         self._state: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        self._real_dirs: dict[str, str] = {}
 
     def write(self, path: Path, data: str) -> None:
         # The lock file is opened per write, not kept open: a descriptor inherited across fork() would share
@@ -66,7 +67,7 @@ class KernelEmulator:
         fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            tree = SimTree(self.root, state=self._cached_state())
+            tree = SimTree(self.root, state=self._cached_state(), real_dirs=self._real_dirs)
             try:
                 self._dispatch(tree, path, _locate(path), data)
             except BaseException:
@@ -139,7 +140,7 @@ class KernelEmulator:
         if _held(tree.root, f"/dev/vfio/{group}"):
             # The real kernel blocks the writer until the VM lets go; vgpumgr must never get here.
             raise _err(errno.EBUSY, "remove (the real kernel would block here until the VM releases it)")
-        type_name = tree.remove_mdev(mdir)
+        type_name = tree.remove_mdev(mdir, group)
         self._refresh_parent(tree, os.path.dirname(mdir), removed=type_name)
 
     def _refresh_parent(self, tree: SimTree, pdir: Path | str, added: str | None = None,

@@ -116,12 +116,15 @@ def vf_address(pf: str, index: int, offset: int = 4, stride: int = 1) -> str:
 
 
 class SimTree:
-    def __init__(self, root: Path, state: dict[str, Any] | None = None) -> None:
-        """`state`: the parsed state file when the caller has it already (else read on first use)."""
+    def __init__(self, root: Path, state: dict[str, Any] | None = None,
+                 real_dirs: dict[str, str] | None = None) -> None:
+        """`state`: the parsed state file when the caller has it already (else read on first use).
+        `real_dirs`: the real paths of the bus directories, when the caller keeps them across trees (they
+        are real directories the simulator never moves; os.path.realpath costs an lstat per component)."""
         self.root = Path(root)
         self.sys = self.root / "sys"
         self._state: dict[str, Any] | None = state
-        self._real_dirs: dict[str, str] = {}
+        self._real_dirs: dict[str, str] = {} if real_dirs is None else real_dirs
         self.dirty = False
 
     # -- state ----------------------------------------------------------------------------------
@@ -323,13 +326,15 @@ class SimTree:
             write(f"{m}/nvidia/vm_name", "\n")
         return m
 
-    def remove_mdev(self, mdir: Path | str) -> str:
+    def remove_mdev(self, mdir: Path | str, group: str | None = None) -> str:
         """Undo add_mdev; returns the mdev's type dir. The entries add_mdev made are removed by name; a
-        directory that holds anything else (rmdir fails) is emptied by listing it."""
+        directory that holds anything else (rmdir fails) is emptied by listing it. `group`: its IOMMU group
+        when the caller has read it."""
         mdir = os.fspath(mdir)
         parent, uuid = os.path.split(mdir)
         type_dir = os.path.basename(os.readlink(f"{mdir}/mdev_type"))
-        group = os.path.basename(os.readlink(f"{mdir}/iommu_group"))
+        if group is None:
+            group = os.path.basename(os.readlink(f"{mdir}/iommu_group"))
         gdir = f"{self.sys}/kernel/iommu_groups/{group}"
         for p in (f"{parent}/mdev_supported_types/{type_dir}/devices/{uuid}", f"{self.sys}/bus/mdev/devices/{uuid}",
                   f"{self.root}/dev/vfio/{group}", f"{gdir}/devices/{uuid}"):
