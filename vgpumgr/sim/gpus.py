@@ -9,7 +9,7 @@ from typing import Any
 
 from vgpumgr.mig import profile_for_type
 from vgpumgr.sim import catalog, rules
-from vgpumgr.sim.tree import SimTree, link, update, vf_address, write
+from vgpumgr.sim.tree import SimTree, link, read_text, update, update_changed, vf_address, write
 
 # interfaces: how a GPU exposes vGPUs
 MDEV_PF = "mdev-pf"  # legacy: mdev types on the physical function (T4)
@@ -57,9 +57,13 @@ def _description(t: dict[str, Any]) -> str:
 
 
 def vfs_of(tree: SimTree, pf: str) -> list[str]:
-    d = tree.device_dir(pf)
-    n = int((d / "sriov_numvfs").read_text())
-    return [os.path.basename(os.readlink(d / f"virtfn{i}")) for i in range(n)]
+    return [os.path.basename(d) for d in vf_dirs(str(tree.device_dir(pf)))]
+
+
+def vf_dirs(pfdir: str) -> list[str]:
+    """The real directories of a PF's VFs, from its virtfn links (relative, into real directories)."""
+    n = int(read_text(f"{pfdir}/sriov_numvfs"))
+    return [os.path.normpath(os.path.join(pfdir, os.readlink(f"{pfdir}/virtfn{i}"))) for i in range(n)]
 
 
 def enable_vfs(tree: SimTree, pf: str, count: int) -> None:
@@ -105,66 +109,106 @@ def disable_vfs(tree: SimTree, pf: str) -> None:
     write(pfdir / "sriov_numvfs", "0\n")
 
 
+Layout = dict[str, list[str]]  # real dir of each function that holds vGPUs -> type dirs of its vGPUs
+
+
+def layout(tree: SimTree, pf: str) -> Layout:
+    """Where the vGPUs of one physical GPU are: its mdevs by parent (the PF or each VF) or, for vendor-
+    specific VFs, each VF's current_vgpu_type as "nvidia-<id>"."""
+    iface = tree.state["gpus"][pf]["iface"]
+    d = str(tree.device_dir(pf))
+    if iface in (MDEV_PF, GVTG):
+        return {d: [t for _, t in tree.mdevs_of(d)]}
+    if iface == MDEV_VF:
+        return {v: [t for _, t in tree.mdevs_of(v)] for v in vf_dirs(d)}
+    if iface == NVIDIA_VF:
+        out: Layout = {}
+        for v in vf_dirs(d):
+            cur = int(read_text(f"{v}/nvidia/current_vgpu_type"))
+            out[v] = [f"nvidia-{cur}"] if cur else []
+        return out
+    return {}
+
+
 def existing_vgpus(tree: SimTree, pf: str) -> list[tuple[str, int]]:
     """(function or mdev uuid, type id) of the vGPUs on one physical GPU."""
-    gpu = tree.state["gpus"][pf]
-    out: list[tuple[str, int]] = []
-    if gpu["iface"] == MDEV_PF:
-        out = [(u, int(t.split("-")[1])) for u, t in tree.mdevs_of(tree.device_dir(pf))]
-    elif gpu["iface"] == MDEV_VF:
-        for va in vfs_of(tree, pf):
-            out += [(u, int(t.split("-")[1])) for u, t in tree.mdevs_of(tree.device_dir(va))]
-    elif gpu["iface"] == NVIDIA_VF:
-        for va in vfs_of(tree, pf):
-            cur = int((tree.device_dir(va) / "nvidia/current_vgpu_type").read_text())
-            if cur:
-                out.append((va, cur))
-    return out
+    iface = tree.state["gpus"][pf]["iface"]
+    if iface == NVIDIA_VF:
+        return [(os.path.basename(v), int(ts[0].split("-")[1])) for v, ts in layout(tree, pf).items() if ts]
+    if iface not in (MDEV_PF, MDEV_VF):
+        return []
+    d = str(tree.device_dir(pf))
+    dirs = [d] if iface == MDEV_PF else vf_dirs(d)
+    return [(u, int(t.split("-")[1])) for f in dirs for u, t in tree.mdevs_of(f)]
 
 
-def refresh(tree: SimTree, pf: str) -> None:
-    """Rewrite available_instances / creatable_vgpu_types of one physical GPU after a change."""
-    gpu = tree.state["gpus"][pf]
+def creatable_files(gpu: dict[str, Any], where: Layout) -> dict[str, str]:
+    """What every available_instances / creatable_vgpu_types file of one physical GPU says, given where its
+    vGPUs are (the driver computes them on read; the simulator keeps them as files)."""
     iface = gpu["iface"]
     if iface == GVTG:
-        d = tree.device_dir(pf)
-        existing = [t for _, t in tree.mdevs_of(d)]
-        for name, n in rules.gvtg_available(catalog.GVTG_TYPES, catalog.GVTG_BUDGET, existing).items():
-            update(d / "mdev_supported_types" / name / "available_instances", f"{n}\n")
-        return
+        existing_names = [t for ts in where.values() for t in ts]
+        avail = rules.gvtg_available(catalog.GVTG_TYPES, catalog.GVTG_BUDGET, existing_names)
+        return {f"{d}/mdev_supported_types/{name}/available_instances": f"{n}\n"
+                for d in where for name, n in avail.items()}
     if iface not in (MDEV_PF, MDEV_VF, NVIDIA_VF):
-        return
+        return {}
     by_id = {t["id"]: t for t in gpu["catalog"]}
-    existing = existing_vgpus(tree, pf)
-    fbs = [by_id[t]["framebuffer_mb"] for _, t in existing if t in by_id and not by_id[t].get("mig_profile")]
+    existing = [int(t.split("-")[1]) for ts in where.values() for t in ts]
+    fbs = [by_id[t]["framebuffer_mb"] for t in existing if t in by_id and not by_id[t].get("mig_profile")]
     free_gis = list(gpu["gpu_instances"])
-    for _, t in existing:
+    for t in existing:
         if t in by_id and by_id[t].get("mig_profile") in free_gis:
             free_gis.remove(by_id[t]["mig_profile"])
     creatable = rules.nvidia_creatable(gpu["catalog"], fbs, mig=gpu["mig"], heterogeneous=gpu["heterogeneous"],
                                        total_fb_mb=gpu["total_fb_mb"], free_gi_profiles=free_gis)
-    if iface == MDEV_PF:
-        d = str(tree.device_dir(pf))
-        for tid, n in creatable.items():
-            update(f"{d}/mdev_supported_types/nvidia-{tid}/available_instances", f"{n}\n")
-        return
-    for va in vfs_of(tree, pf):
-        vdir = tree.device_dir(va)
-        if iface == MDEV_VF:
-            busy = bool(tree.mdevs_of(vdir))
+    out: dict[str, str] = {}
+    for d, held in where.items():
+        if iface == MDEV_PF:
             for tid, n in creatable.items():
-                update(f"{vdir}/mdev_supported_types/nvidia-{tid}/available_instances",
-                       f"{0 if busy or n == 0 else 1}\n")
+                out[f"{d}/mdev_supported_types/nvidia-{tid}/available_instances"] = f"{n}\n"
+        elif iface == MDEV_VF:
+            for tid, n in creatable.items():
+                out[f"{d}/mdev_supported_types/nvidia-{tid}/available_instances"] = f"{0 if held or n == 0 else 1}\n"
         else:
-            busy = int((vdir / "nvidia/current_vgpu_type").read_text()) != 0
             lines = ["ID    : vGPU Name\n"]
-            if not busy:
+            if not held:
                 lines += [f"{tid:<5d} : {by_id[tid]['name']}\n" for tid, n in creatable.items() if n > 0]
-            update(vdir / "nvidia/creatable_vgpu_types", "".join(lines))
+            out[f"{d}/nvidia/creatable_vgpu_types"] = "".join(lines)
+    return out
 
 
-def physical_gpu_of(tree: SimTree, function_dir: Path) -> str | None:
+def refresh(tree: SimTree, pf: str) -> None:
+    """Rewrite available_instances / creatable_vgpu_types of one physical GPU after a change, reading what
+    each file holds (for changes that may touch any of them: VFs enabled, MIG instances, a reboot)."""
+    for path, content in creatable_files(tree.state["gpus"][pf], layout(tree, pf)).items():
+        update(path, content)
+
+
+def refresh_change(tree: SimTree, pf: str, function_dir: str, added: str | None = None,
+                   removed: str | None = None) -> None:
+    """The same after one vGPU of type dir `added` appeared on (or `removed` left) `function_dir`: the files
+    held the values derived from the layout before it, so only the values that differ are written."""
+    gpu = tree.state["gpus"][pf]
+    after = layout(tree, pf)
+    before = dict(after)
+    if function_dir not in after or (added is not None and added not in after[function_dir]):
+        refresh(tree, pf)  # not the change the caller describes: derive every file afresh
+        return
+    held = list(after[function_dir])
+    if added is not None:
+        held.remove(added)
+    if removed is not None:
+        held.append(removed)
+    before[function_dir] = held
+    update_changed(creatable_files(gpu, before), creatable_files(gpu, after))
+
+
+def physical_gpu_of(tree: SimTree, function_dir: Path | str) -> str | None:
     """The PF address a PCI function belongs to, if the simulator manages it."""
-    physfn = function_dir / "physfn"
-    address = os.path.basename(os.readlink(physfn)) if physfn.is_symlink() else function_dir.name
+    function_dir = os.fspath(function_dir)
+    try:
+        address = os.path.basename(os.readlink(f"{function_dir}/physfn"))
+    except OSError:  # no physfn link: a PF
+        address = os.path.basename(function_dir)
     return address if address in tree.state["gpus"] else None

@@ -18,7 +18,7 @@ from typing import Any
 from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import rules
-from vgpumgr.sim.tree import SimTree, update, write
+from vgpumgr.sim.tree import SimTree, read_text, update, update_changed, write
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _READ_ONLY = {"available_instances", "name", "description", "device_api", "vendor", "device", "class",
@@ -57,15 +57,19 @@ class KernelEmulator:
     def __init__(self, host) -> None:  # noqa: ANN001 - vgpumgr.host.Host (import cycle)
         self.root = Path(host.root)
         self._lock_path = str(self.root / ".vgpumgr-sim.lock")
+        self._state_path = str(self.root / SIM_MARKER)
         self._state: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        self._real_dirs: dict[str, str] = {}
 
     def write(self, path: Path, data: str) -> None:
-        fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        # The lock file is opened per write, not kept open: a descriptor inherited across fork() would share
+        # its flock with the child, and one kept across a rebuild of the tree would lock a deleted file.
+        fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            tree = SimTree(self.root, state=self._cached_state())
+            tree = SimTree(self.root, state=self._cached_state(), real_dirs=self._real_dirs)
             try:
-                self._dispatch(tree, Path(path), data)
+                self._dispatch(tree, path, _locate(path), data)
             except BaseException:
                 self._state = None  # whatever a failed write may have touched is read afresh next time
                 raise
@@ -78,79 +82,95 @@ class KernelEmulator:
     def _cached_state(self) -> dict[str, Any]:
         """The simulator's state file, parsed again only when it was replaced (writers replace it
         atomically, so inode, mtime and size name one version). The writes handled here only read it."""
-        st = os.stat(self.root / SIM_MARKER)
+        st = os.stat(self._state_path)
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._state is None or self._state[0] != key:
-            self._state = (key, json.loads((self.root / SIM_MARKER).read_text()))
+            self._state = (key, json.loads(read_text(self._state_path)))
         return self._state[1]
 
-    def _dispatch(self, tree: SimTree, path: Path, data: str) -> None:
-        if not path.parent.exists() or not (path.exists() or path.is_symlink()):
-            raise _err(errno.ENOENT, str(path))
-        real = path.parent.resolve() / path.name
-        name = real.name
+    def _dispatch(self, tree: SimTree, path: Path, real: str, data: str) -> None:
+        """`real`: `path` with its directory resolved (its last component may be a link)."""
+        parent, name = os.path.split(real)
         if name in _READ_ONLY:
             raise _err(errno.EACCES, str(path))
-        if name == "create" and real.parent.parent.name == "mdev_supported_types":
-            self._create_mdev(tree, real.parent, data)
-        elif name == "remove" and (real.parent / "mdev_type").is_symlink():
-            self._remove_mdev(tree, real.parent, data)
+        if name == "create" and os.path.basename(os.path.dirname(parent)) == "mdev_supported_types":
+            self._create_mdev(tree, parent, data)
+        elif name == "remove" and os.path.islink(f"{parent}/mdev_type"):
+            self._remove_mdev(tree, parent, data)
         elif name == "sriov_numvfs":
-            self._sriov_numvfs(tree, real.parent, data)
-        elif name == "current_vgpu_type" and real.parent.name == "nvidia":
-            self._current_vgpu_type(tree, real.parent.parent, data)
+            self._sriov_numvfs(tree, Path(parent), data)
+        elif name == "current_vgpu_type" and os.path.basename(parent) == "nvidia":
+            self._current_vgpu_type(tree, os.path.dirname(parent), data)
         elif name == "driver_override":
             value = data.strip()
             write(real, (value or "(null)") + "\n")
-        elif name in ("bind", "unbind") and real.parent.parent.name == "drivers":
-            self._bind(tree, real.parent.name, name, data)
+        elif name in ("bind", "unbind") and os.path.basename(os.path.dirname(parent)) == "drivers":
+            self._bind(tree, os.path.basename(parent), name, data)
         elif name == "drivers_probe":
             self._probe(tree, data.strip())
         else:
             write(real, data)
 
     # -- mdev -----------------------------------------------------------------------------------
-    def _create_mdev(self, tree: SimTree, type_dir: Path, data: str) -> None:
+    def _create_mdev(self, tree: SimTree, type_dir: str, data: str) -> None:
         if len(data) == 0:
             return  # a 0-byte write never reaches the kernel's create_store
         if not 36 <= len(data) <= 37 or not _UUID.match(data[:36]):
             raise _err(errno.EINVAL, "create")
         uuid = data[:36].lower()
-        if (tree.sys / "bus/mdev/devices" / uuid).is_symlink():
+        if os.path.islink(f"{tree.sys}/bus/mdev/devices/{uuid}"):
             raise _err(errno.EEXIST, "create")
-        pdir = type_dir.parent.parent
-        available = int((type_dir / "available_instances").read_text())
+        pdir = os.path.dirname(os.path.dirname(type_dir))
+        available = int(read_text(f"{type_dir}/available_instances"))
         if available <= 0:
-            sample = tree.state["samples"].get(pdir.name)
+            sample = tree.state["samples"].get(os.path.basename(pdir))
             code = errno.EUSERS if sample and sample["errno"] == "EUSERS" else errno.ENOSPC
             raise _err(code, "create")
-        tree.add_mdev(pdir, uuid, type_dir.name)
-        self._refresh_parent(tree, pdir)
+        type_name = os.path.basename(type_dir)
+        tree.add_mdev(pdir, uuid, type_name)
+        self._refresh_parent(tree, pdir, added=type_name)
 
-    def _remove_mdev(self, tree: SimTree, mdir: Path, data: str) -> None:
+    def _remove_mdev(self, tree: SimTree, mdir: str, data: str) -> None:
         if data == "":
             return  # a 0-byte write never reaches remove_store
         value = kstrto(data, "remove")
         if value == 0:
             return
-        group = os.path.basename(os.readlink(mdir / "iommu_group"))
+        group = os.path.basename(os.readlink(f"{mdir}/iommu_group"))
         if _held(tree.root, f"/dev/vfio/{group}"):
             # The real kernel blocks the writer until the VM lets go; vgpumgr must never get here.
             raise _err(errno.EBUSY, "remove (the real kernel would block here until the VM releases it)")
-        pdir = mdir.parent
-        tree.remove_mdev(mdir)
-        self._refresh_parent(tree, pdir)
+        type_name = tree.remove_mdev(mdir, group)
+        self._refresh_parent(tree, os.path.dirname(mdir), removed=type_name)
 
-    def _refresh_parent(self, tree: SimTree, pdir: Path) -> None:
-        sample = tree.state["samples"].get(pdir.name)
+    def _refresh_parent(self, tree: SimTree, pdir: Path | str, added: str | None = None,
+                        removed: str | None = None) -> None:
+        """Rewrite what the parent's driver reports as creatable after one mdev of type `added` appeared
+        (or of type `removed` went); with neither, after any change (every file is read and compared)."""
+        pdir = os.fspath(pdir)
+        sample = tree.state["samples"].get(os.path.basename(pdir))
         if sample:
-            existing = [t for _, t in tree.mdevs_of(pdir)]
-            for tname, n in rules.pool_available(sample["costs"], sample["budget"], existing).items():
-                update(pdir / "mdev_supported_types" / tname / "available_instances", f"{n}\n")
+            def files(existing: list[str]) -> dict[str, str]:
+                pool = rules.pool_available(sample["costs"], sample["budget"], existing)
+                return {f"{pdir}/mdev_supported_types/{t}/available_instances": f"{n}\n" for t, n in pool.items()}
+
+            after = [t for _, t in tree.mdevs_of(pdir)]
+            if (added is None and removed is None) or (added is not None and added not in after):
+                for path, content in files(after).items():
+                    update(path, content)
+                return
+            before = [*after, removed] if removed is not None else list(after)
+            if added is not None:
+                before.remove(added)
+            update_changed(files(before), files(after))
             return
         pf = simgpus.physical_gpu_of(tree, pdir)
-        if pf:
+        if not pf:
+            return
+        if added is None and removed is None:
             simgpus.refresh(tree, pf)
+        else:
+            simgpus.refresh_change(tree, pf, pdir, added=added, removed=removed)
 
     # -- SR-IOV ---------------------------------------------------------------------------------
     def _sriov_numvfs(self, tree: SimTree, pfdir: Path, data: str) -> None:
@@ -176,28 +196,31 @@ class KernelEmulator:
             simgpus.refresh(tree, pfdir.name)
 
     # -- NVIDIA vendor-specific VF --------------------------------------------------------------
-    def _current_vgpu_type(self, tree: SimTree, vfdir: Path, data: str) -> None:
+    def _current_vgpu_type(self, tree: SimTree, vfdir: str, data: str) -> None:
         value = kstrto(data, "current_vgpu_type", base=10, signed=True)
-        cur_file = vfdir / "nvidia/current_vgpu_type"
-        current = int(cur_file.read_text())
+        cur_file = f"{vfdir}/nvidia/current_vgpu_type"
+        current = int(read_text(cur_file))
         if value == 0:
             if current == 0:
                 raise _err(errno.EPERM, "current_vgpu_type")
-            group = os.path.basename(os.readlink(vfdir / "iommu_group"))
-            if _held(tree.root, f"/dev/vfio/{group}") or _held(tree.root, str(vfdir)):
+            group = os.path.basename(os.readlink(f"{vfdir}/iommu_group"))
+            if _held(tree.root, f"/dev/vfio/{group}") or _held(tree.root, vfdir):
                 raise _err(errno.EBUSY, "current_vgpu_type")
             write(cur_file, "0\n")
         else:
             if current != 0:
                 raise _err(errno.EPERM, "current_vgpu_type")
-            creatable = (vfdir / "nvidia/creatable_vgpu_types").read_text().splitlines()[1:]
+            creatable = read_text(f"{vfdir}/nvidia/creatable_vgpu_types").splitlines()[1:]
             ids = {int(line.split(":", 1)[0]) for line in creatable if ":" in line}
             if value not in ids:
                 raise _err(errno.EINVAL, "current_vgpu_type")
             write(cur_file, f"{value}\n")
         pf = simgpus.physical_gpu_of(tree, vfdir)
         if pf:
-            simgpus.refresh(tree, pf)
+            if value:
+                simgpus.refresh_change(tree, pf, vfdir, added=f"nvidia-{value}")
+            else:
+                simgpus.refresh_change(tree, pf, vfdir, removed=f"nvidia-{current}")
 
     # -- drivers --------------------------------------------------------------------------------
     def _bind(self, tree: SimTree, driver: str, action: str, data: str) -> None:
@@ -234,16 +257,41 @@ class KernelEmulator:
             tree.bind(address, default)
 
 
+def _locate(path: Path | str) -> str:
+    """`path` with its directory resolved and its last component kept (a link stays a link); ENOENT when
+    the directory or the entry is missing. The kernel resolves the directory (open(O_PATH) and the
+    /proc/self/fd link name it): 4 syscalls where os.path.realpath takes an lstat per component."""
+    parent, name = os.path.split(os.fspath(path) if isinstance(path, Path) else str(Path(path)))
+    try:
+        fd = os.open(parent or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _err(errno.ENOENT, str(path)) from None
+    try:
+        try:
+            os.lstat(name, dir_fd=fd)
+        except (FileNotFoundError, NotADirectoryError):
+            raise _err(errno.ENOENT, str(path)) from None
+        try:
+            real_parent = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc
+            real_parent = os.path.realpath(parent or ".")
+    finally:
+        os.close(fd)
+    return os.path.join(real_parent, name)
+
+
 def _held(root: Path, target: str) -> bool:
     """Is a simulated process holding `target` open? (root/proc/<pid>/fd/<n> symlinks, as on a host)."""
-    proc = root / "proc"
-    if not proc.is_dir():
+    try:
+        procs = list(os.scandir(f"{root}/proc"))
+    except (FileNotFoundError, NotADirectoryError):
         return False
-    for p in os.scandir(proc):
-        fd = os.path.join(p.path, "fd")
-        if not os.path.isdir(fd):
+    for p in procs:
+        try:
+            fds = list(os.scandir(f"{p.path}/fd"))
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        for f in os.scandir(fd):
+        for f in fds:
             try:
                 if os.readlink(f.path) == target:
                     return True

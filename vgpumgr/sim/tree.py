@@ -18,25 +18,34 @@ NVIDIA = "10de"
 INTEL = "8086"
 
 
-def write(path: Path, content: str) -> None:
+def write(path: Path | str, content: str) -> None:
+    """Create or overwrite a file with `content`: open(2) with O_TRUNC, one write(2), close(2), as
+    open(path, "w") would do, without the text layer's fstat, ioctl and lseek."""
+    data = content.encode()
     try:
-        f = open(path, "w")
+        fd = os.open(path, _NEW, 0o666)
     except FileNotFoundError:  # first file of a new directory: make it only then (keeps `sim create` fast)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "w")
-    with f:
-        f.write(content)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, _NEW, 0o666)
+    try:
+        if data:
+            os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
 
 def update(path: Path | str, content: str) -> None:
-    """Rewrite an existing attribute file only when its value changes (the emulator's hot path: one open,
-    no text layer)."""
+    """Rewrite an existing attribute file only when its value changes (for callers that do not know what
+    it holds: one open and one read when unchanged)."""
     data = content.encode()
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         if os.read(fd, len(data) + 1) == data:
             return
@@ -46,18 +55,47 @@ def update(path: Path | str, content: str) -> None:
         os.close(fd)
 
 
-def link(path: Path, target: Path) -> None:
+def update_changed(old: dict[str, str], new: dict[str, str]) -> None:
+    """Rewrite the files whose value goes from `old` (what they hold, as the caller knows from the state they
+    were derived from) to `new`. A value of the same length is overwritten in place without truncating, so a
+    concurrent reader never sees the file empty (as sysfs, whose reads never see half a value)."""
+    for path, content in new.items():
+        before = old.get(path)
+        if before == content:
+            continue
+        data = content.encode()
+        same_length = before is not None and len(before.encode()) == len(data)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | (0 if same_length else os.O_TRUNC))
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
+def read_text(path: str) -> str:
+    """A small attribute file's content: open, read, close (Path.read_text adds fstat, ioctl, lseek)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 4096)]
+        while len(chunks[-1]) == 4096:
+            chunks.append(os.read(fd, 4096))
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def link(path: Path | str, target: Path | str) -> None:
     """A relative symlink, as sysfs has them (replacing one that is there)."""
-    rel = os.path.relpath(target, path.parent)
+    rel = os.path.relpath(target, os.path.dirname(path))
     try:
         os.symlink(rel, path)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         os.symlink(rel, path)
     except FileExistsError:
-        if not path.is_symlink():
+        if not os.path.islink(path):
             raise
-        path.unlink()
+        os.unlink(path)
         os.symlink(rel, path)
 
 
@@ -78,12 +116,15 @@ def vf_address(pf: str, index: int, offset: int = 4, stride: int = 1) -> str:
 
 
 class SimTree:
-    def __init__(self, root: Path, state: dict[str, Any] | None = None) -> None:
-        """`state`: the parsed state file when the caller has it already (else read on first use)."""
+    def __init__(self, root: Path, state: dict[str, Any] | None = None,
+                 real_dirs: dict[str, str] | None = None) -> None:
+        """`state`: the parsed state file when the caller has it already (else read on first use).
+        `real_dirs`: the real paths of the bus directories, when the caller keeps them across trees (they
+        are real directories the simulator never moves; os.path.realpath costs an lstat per component)."""
         self.root = Path(root)
         self.sys = self.root / "sys"
         self._state: dict[str, Any] | None = state
-        self._real_dirs: dict[str, str] = {}
+        self._real_dirs: dict[str, str] = {} if real_dirs is None else real_dirs
         self.dirty = False
 
     # -- state ----------------------------------------------------------------------------------
@@ -107,7 +148,7 @@ class SimTree:
 
     def new_iommu_group(self) -> int:
         """The lowest free group number from 10 up: the kernel reuses the numbers of removed groups."""
-        used = {int(n) for n in os.listdir(self.sys / "kernel/iommu_groups") if n.isdigit()}
+        used = {int(n) for n in os.listdir(f"{self.sys}/kernel/iommu_groups") if n.isdigit()}
         n = self.state.get("first_iommu_group", 10)
         while n in used:
             n += 1
@@ -260,42 +301,84 @@ class SimTree:
         self.register_parent(name, pdir)
         return pdir
 
-    def add_mdev(self, pdir: Path, uuid: str, type_dir: str) -> Path:
-        m = pdir / uuid
-        m.mkdir()
-        link(m / "mdev_type", pdir / "mdev_supported_types" / type_dir)
-        write(m / "remove", "")
-        write(m / "uevent", f"DRIVER={type_dir.split('-')[0]}\n")
+    def add_mdev(self, pdir: Path | str, uuid: str, type_dir: str) -> str:
+        """The mdev's directory, attributes and links, as mdev_device_create() makes them. Every path is new
+        (the uuid and the IOMMU group are free), so directories are made directly, not probed for."""
+        pdir, sys_dir = os.fspath(pdir), str(self.sys)
+        m = f"{pdir}/{uuid}"
+        type_path = f"{pdir}/mdev_supported_types/{type_dir}"
+        os.mkdir(m)
+        link(f"{m}/mdev_type", type_path)
+        write(f"{m}/remove", "")
+        write(f"{m}/uevent", f"DRIVER={type_dir.split('-')[0]}\n")
         group = self.new_iommu_group()
-        gdir = self.sys / f"kernel/iommu_groups/{group}"
-        link(m / "iommu_group", gdir)
-        link(gdir / "devices" / uuid, m)
-        write(self.root / f"dev/vfio/{group}", "")
-        link(pdir / "mdev_supported_types" / type_dir / "devices" / uuid, m)
-        link(self.sys / "bus/mdev/devices" / uuid, m)
+        gdir = f"{sys_dir}/kernel/iommu_groups/{group}"
+        link(f"{m}/iommu_group", gdir)
+        _mkdir(gdir)
+        _mkdir(f"{gdir}/devices")
+        link(f"{gdir}/devices/{uuid}", m)
+        write(f"{self.root}/dev/vfio/{group}", "")
+        link(f"{type_path}/devices/{uuid}", m)
+        link(f"{sys_dir}/bus/mdev/devices/{uuid}", m)
         if type_dir.startswith("nvidia-"):
-            write(m / "nvidia/vgpu_params", "\n")
-            write(m / "nvidia/vm_name", "\n")
+            _mkdir(f"{m}/nvidia")
+            write(f"{m}/nvidia/vgpu_params", "\n")
+            write(f"{m}/nvidia/vm_name", "\n")
         return m
 
-    def remove_mdev(self, mdir: Path) -> None:
-        uuid = mdir.name
-        type_dir = os.path.basename(os.readlink(mdir / "mdev_type"))
-        group = os.path.basename(os.readlink(mdir / "iommu_group"))
-        for p in (mdir.parent / "mdev_supported_types" / type_dir / "devices" / uuid,
-                  self.sys / "bus/mdev/devices" / uuid, self.root / f"dev/vfio/{group}"):
-            if p.is_symlink() or p.exists():
-                p.unlink()
-        _rmtree(self.sys / f"kernel/iommu_groups/{group}")
-        _rmtree(mdir)
+    def remove_mdev(self, mdir: Path | str, group: str | None = None) -> str:
+        """Undo add_mdev; returns the mdev's type dir. The entries add_mdev made are removed by name; a
+        directory that holds anything else (rmdir fails) is emptied by listing it. `group`: its IOMMU group
+        when the caller has read it."""
+        mdir = os.fspath(mdir)
+        parent, uuid = os.path.split(mdir)
+        type_dir = os.path.basename(os.readlink(f"{mdir}/mdev_type"))
+        if group is None:
+            group = os.path.basename(os.readlink(f"{mdir}/iommu_group"))
+        gdir = f"{self.sys}/kernel/iommu_groups/{group}"
+        for p in (f"{parent}/mdev_supported_types/{type_dir}/devices/{uuid}", f"{self.sys}/bus/mdev/devices/{uuid}",
+                  f"{self.root}/dev/vfio/{group}", f"{gdir}/devices/{uuid}"):
+            _unlink(p)
+        _remove_dir(gdir, ("devices",))
+        for name in ("mdev_type", "remove", "uevent", "iommu_group", "nvidia/vgpu_params", "nvidia/vm_name"):
+            _unlink(f"{mdir}/{name}")
+        _remove_dir(mdir, ("nvidia",))
+        return type_dir
 
-    def mdevs_of(self, pdir: Path) -> list[tuple[str, str]]:
+    def mdevs_of(self, pdir: Path | str) -> list[tuple[str, str]]:
         """(uuid, type dir) of the mdevs under one parent."""
         out = []
         for e in os.scandir(pdir):
             if len(e.name) == 36 and e.name.count("-") == 4 and e.is_dir(follow_symlinks=False):
                 out.append((e.name, os.path.basename(os.readlink(os.path.join(e.path, "mdev_type")))))
         return out
+
+
+def _mkdir(path: str) -> None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_dir(path: str, subdirs: tuple[str, ...]) -> None:
+    """rmdir the (expected empty) subdirectories and then `path`; whatever else is in them goes as _rmtree."""
+    try:
+        for sub in subdirs:
+            try:
+                os.rmdir(f"{path}/{sub}")
+            except FileNotFoundError:
+                pass
+        os.rmdir(path)
+    except OSError:
+        _rmtree(path)
 
 
 def _rmtree(p: Path | str) -> None:
