@@ -148,12 +148,14 @@ class Context:
         types = [t for t in inv.types if t.parent not in parents]
         for p in sorted(parents):
             types += discover_types(self.host, p, cache=self._type_cache)
-        names = {int(t.type[7:]): t.name for t in types if t.type.startswith("nvidia-")}
-        names |= {int(v.type[7:]): v.name for v in inv.vf_vgpus if v.name}
         # Only the touched GPUs' devices are re-read; the rest of the host is as the snapshot saw it.
         scope = {g for g in gpus if g} | parents
         mdevs = [m for m in inv.mdevs if m.parent not in scope] + mdev_disc.discover_mdevs(self.host, scope)
-        vfs = [v for v in inv.vf_vgpus if v.gpu not in scope] + vf_disc.discover_vf_vgpus(self.host, names, scope)
+        vfs = [v for v in inv.vf_vgpus if v.gpu not in scope]
+        if vf_disc.vendor_vfs(self.host, scope):  # type names of the vendor VFs, only where there are some
+            names = {int(t.type[7:]): t.name for t in types if t.type.startswith("nvidia-")}
+            names |= {int(v.type[7:]): v.name for v in inv.vf_vgpus if v.name}
+            vfs += vf_disc.discover_vf_vgpus(self.host, names, scope)
         # a new Inventory: placers of older snapshots may still be reading the old one in other threads
         return Inventory(gpus=inv.gpus, types=types, mdevs=sorted(mdevs, key=lambda m: m.uuid),
                          vf_vgpus=sorted(vfs, key=lambda v: v.address))
