@@ -228,6 +228,21 @@ def _info_from_type(t: VgpuType) -> _TypeInfo:
     return _TypeInfo(t.type, t.name or t.type, t.short_name, t.backend, fb, t.max_instance, mig, max_per_vm)
 
 
+_INFO_MEMO: dict[tuple[Any, ...], _TypeInfo] = {}
+
+
+def _cached_info(t: VgpuType) -> _TypeInfo:
+    """`_info_from_type` of a type's static facts, remembered (a placer is rebuilt after every change)."""
+    per_vm = t.params.get("max_instances_per_vm") if t.params else None
+    key = (t.type, t.name, t.backend, t.framebuffer_mb, t.max_instance, per_vm)
+    info = _INFO_MEMO.get(key)
+    if info is None:
+        if len(_INFO_MEMO) > 4096:  # bounded: a host has at most a few thousand distinct types
+            _INFO_MEMO.clear()
+        info = _INFO_MEMO[key] = _info_from_type(t)
+    return info
+
+
 def _info_from_allocation(a: Allocation) -> _TypeInfo:
     name = a.name or a.type
     fb = a.framebuffer_mb
@@ -306,19 +321,25 @@ class Placer:
         for g in inv.gpus:
             if g.physfn is None and g.nvml:
                 self._add_nvml_types(g.address, g.nvml)
+        # (rebuilt after each change of ours: a parent's types come together, so its GPU's model and
+        # catalogue are looked up once per run of types, and a type's facts once per process)
+        last_phys: str | None = None
+        model: _Model = ("", "")
+        cat: dict[str, _TypeInfo] = {}
         for t in inv.types:
             phys = t.gpu or self.physical(t.parent)
             key = (phys, t.type)
             lst = self.listings.get(key)
-            if lst is None:
-                self.listings[key] = [t]
-                model = self.model_of(phys)
+            if lst is not None:
+                lst.append(t)
+                continue
+            self.listings[key] = [t]
+            if phys != last_phys:
+                last_phys, model = phys, self.model_of(phys)
                 self._members.setdefault(model, set()).add(phys)
                 cat = self.catalogue.setdefault(model, {})
-                if t.type not in cat:
-                    self._add_info(model, _info_from_type(t))
-            else:
-                lst.append(t)
+            if t.type not in cat:
+                self._add_info(model, _cached_info(t))
         self._region_memo: dict[tuple[_Model, str], int | None] = {}
 
     # -- lookups
