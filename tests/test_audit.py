@@ -190,3 +190,38 @@ def test_appends_from_two_processes_interleave(fresh_db_url: str) -> None:
         for engine in engines:
             engine.dispose()
     assert result.ok and result.checked == 6
+
+
+def test_appends_in_a_row_cost_one_statement_on_postgresql_and_two_on_sqlite(fresh_db_url: str) -> None:
+    """The head this process wrote last is assumed: PostgreSQL moves it and writes the event in one statement
+    (a data-modifying CTE), SQLite in two; a head moved by someone else falls back to the locked read."""
+    from sqlalchemy import event
+
+    from vgpumgr.db import prepared
+
+    factory = session_factory(fresh_db_url)
+    engine = factory.kw["bind"]
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda c, cur, stmt, *a: seen.append(stmt))
+
+    def append(i: int) -> int:
+        before_engine, before_prepared = len(seen), prepared.executed
+        with factory.begin() as s:
+            audit.append(s, actor="t", action=audit.PLACEMENT, outcome="ok", host="h1", detail={"i": i})
+        return len(seen) - before_engine + prepared.executed - before_prepared
+
+    append(0)  # the first append of this engine reads the head
+    costs = [append(i) for i in range(1, 4)]
+    with factory.begin() as s:  # someone else appends: the cached head is stale now
+        head_seq, head_hash = audit.head(s)
+        values = {"at": audit.utcnow(), "host": "h2", "actor": "other", "action": audit.PLACEMENT,
+                  "outcome": "ok", "gpu": None, "vm": None, "vgpu": None, "error": None, "detail": None}
+        audit._link(values, head_seq, head_hash)
+        s.execute(audit._UPDATE_HEAD, {"seq": values["seq"], "hash": values["hash"]})
+        s.execute(audit._INSERT_EVENT, values)
+    stale = append(5)
+    assert costs == ([1, 1, 1] if engine.dialect.name == "postgresql" else [2, 2, 2])
+    assert stale > costs[0]  # the conditional write missed, then the locked read, update and insert
+    with factory() as s:
+        result = audit.verify(s)
+        assert result.ok and [e.seq for e in audit.query(s)][-2:] == [5, 6]

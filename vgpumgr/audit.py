@@ -88,6 +88,22 @@ _ADVANCE_HEAD = Prepared(update(_HEAD)
 _EVENT_COLUMNS = ("seq", "at", "host", "actor", "action", "outcome", "gpu", "vm", "vgpu", "error", "detail",
                   "prev_hash", "hash")
 _APPEND_EVENT = Prepared(_INSERT_EVENT, _EVENT_COLUMNS)
+
+
+def _advance_and_append() -> Prepared:
+    """PostgreSQL: the conditional head UPDATE and the event INSERT as one statement (a data-modifying CTE):
+    one round trip instead of two; the event is written only if the head moved."""
+    events = AuditEvent.__table__
+    old_hash = bindparam("old_hash", type_=events.c.prev_hash.type)
+    moved = (update(_HEAD).where(_HEAD.c.id == 1, _HEAD.c.seq == bindparam("old_seq"), _HEAD.c.hash == old_hash)
+             .values(seq=bindparam("seq"), hash=bindparam("hash")).returning(_HEAD.c.seq, _HEAD.c.hash)
+             .cte("moved"))
+    fields = [bindparam(c, type_=events.c[c].type) for c in _EVENT_COLUMNS[1:-2]]
+    return Prepared(insert(events).from_select(list(_EVENT_COLUMNS),
+                                               select(moved.c.seq, *fields, old_hash, moved.c.hash)))
+
+
+_ADVANCE_AND_APPEND = _advance_and_append()
 # Session.info key of the checkpointer (vgpumgr.checkpoints) that a session's factory was given.
 CHECKPOINTER = "vgpumgr.audit.checkpointer"
 # Per engine, the head this process last wrote: usually still the head, which saves a read per append.
@@ -129,19 +145,23 @@ def record(session: Session, *, actor: str, action: str, outcome: str, host: str
     values = {"at": at, "host": host, "actor": actor, "action": action, "outcome": outcome, "gpu": gpu,
               "vm": vm, "vgpu": vgpu, "error": error, "detail": detail}
     cached = _last_head.get(conn.engine)
+    appended = False
     if cached is not None:
         # Optimistic: assume the head is still the one this process wrote last. The conditional UPDATE
         # takes the head's lock and only succeeds if no one else appended (or rolled back) since.
         _link(values, *cached)
-        advanced = _ADVANCE_HEAD.execute(conn, {"seq": values["seq"], "hash": values["hash"],
-                                                "old_seq": cached[0], "old_hash": cached[1]}).rowcount
-        if advanced != 1:
+        moved = {"seq": values["seq"], "hash": values["hash"], "old_seq": cached[0], "old_hash": cached[1]}
+        if conn.dialect.name == "postgresql":
+            appended = _ADVANCE_AND_APPEND.execute(conn, values | moved).rowcount == 1
+            cached = cached if appended else None
+        elif _ADVANCE_HEAD.execute(conn, moved).rowcount != 1:
             cached = None
     if cached is None:
         head_seq, head_hash = conn.execute(_HEAD_FOR_UPDATE).one()
         _link(values, head_seq, head_hash)
         conn.execute(_UPDATE_HEAD, {"seq": values["seq"], "hash": values["hash"]})
-    _APPEND_EVENT.execute(conn, values)
+    if not appended:
+        _APPEND_EVENT.execute(conn, values)
     _last_head[conn.engine] = (values["seq"], values["hash"])
     checkpointer = session.info.get(CHECKPOINTER)
     if checkpointer is not None and checkpointer.every and values["seq"] % checkpointer.every == 0:
