@@ -2,7 +2,7 @@
 """Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
 comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
 
-    scripts/bench_all [--quick] [--json] [--only allocate,api,vm,discovery]
+    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery]
 
 Takes about 2-3 minutes (`--quick`: about one). The benchmarks are the scripts beside this one, run as
 separate processes with --json; a benchmark that cannot run (no PostgreSQL, no virt-install, no root for
@@ -97,6 +97,33 @@ def api_rows(seconds: float) -> list[Row]:
     return rows
 
 
+def floor_rows(pairs: int) -> list[Row]:
+    """Not targets: what a library pair cannot cost less than here (bench_floor.py), to read the misses by."""
+    rows = []
+    for db, target in (("sqlite", 500), ("postgresql", 300)):
+        r, why = bench("bench_floor.py", "--pairs", str(pairs), "--db", db)
+        if r is None:
+            rows.append(skipped(f"floor of a library pair, {db}", "-", why))
+            continue
+        ms = r["ms_per_pair"]
+        info = [("simulated kernel alone (mdev create + remove)", ms["kernel"]),
+                ("the pair's database work at the driver", ms["db_driver"]),
+                ("the same through SQLAlchemy Core", ms["db_core"]),
+                ("the same as vgpumgr runs it (Core, prepared writes)", ms["db_prepared"]),
+                ("re-read of the touched GPU + placer index", ms["snapshot"]),
+                ("one placement decision", ms["placement"]),
+                ("the full pair through the library, same run", ms["pair"])]
+        rows += [Row(f"  {db}: {what}", f"{v:.2f} ms per pair", "-", "-", "info") for what, v in info]
+        budget = 1000 / target
+        for what, v in (("floor: kernel + database at the driver + placement",
+                         ms["kernel"] + ms["db_driver"] + ms["placement"]),
+                        ("floor with SQLAlchemy and the re-read kept",
+                         ms["kernel"] + ms["db_prepared"] + ms["snapshot"] + ms["placement"])):
+            rows.append(Row(f"  {db}: {what}", f"{v:.2f} ms = {1000 / v:.0f} pairs/s at most",
+                            f"{budget:.2f} ms ({target} pairs/s)", f"{v / budget:.2f}", "info"))
+    return rows
+
+
 def vm_rows(runs: int) -> list[Row]:
     what = "vm create --print-xml vs virt-install --print-xml"
     r, why = bench("bench_vm.py", "--runs", str(runs))
@@ -141,7 +168,7 @@ def table(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
-    ap.add_argument("--only", default="allocate,api,vm,discovery", help="comma-separated subset")
+    ap.add_argument("--only", default="allocate,floor,api,vm,discovery", help="comma-separated subset")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -149,6 +176,8 @@ def main() -> int:
     rows: list[Row] = []
     if "allocate" in only:
         rows += allocate_rows(150 if a.quick else 600)
+    if "floor" in only:
+        rows += floor_rows(150 if a.quick else 500)
     if "api" in only:
         rows += api_rows(5 if a.quick else 15)
     if "vm" in only:
