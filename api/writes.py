@@ -10,6 +10,7 @@ timeout is answered Busy, as the host lock would.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -24,10 +25,13 @@ WAIT_SECONDS = 30.0  # Context.locked's default timeout
 
 
 def _turns(app: FastAPI) -> anyio.CapacityLimiter:
-    turns = getattr(app.state, "vgpu_writes", None)
-    if turns is None:  # made on first use, inside the event loop (one thread: no race)
-        turns = app.state.vgpu_writes = anyio.CapacityLimiter(1)
-    return turns
+    """The app's limiter, made on first use inside its event loop (one thread: no race). A limiter's waiters
+    belong to one loop; a server has one, a TestClient without `with` starts one per request."""
+    loop = asyncio.get_running_loop()
+    made = getattr(app.state, "vgpu_writes", None)
+    if made is None or made[0] is not loop:
+        made = app.state.vgpu_writes = (loop, anyio.CapacityLimiter(1))
+    return made[1]
 
 
 async def one_at_a_time(app: FastAPI, work: Callable[[], T]) -> T:

@@ -168,6 +168,19 @@ def floor_client(address: str | int, token: str, path: str, stats: Stats, budget
     conn.close()
 
 
+def probe(address: str | int, every: float, stop: threading.Event, latencies: list[float]) -> None:
+    """Responsiveness under load: GET /v1/health every `every` seconds on a connection of its own."""
+    conn = connection(address)
+    while not stop.wait(every):
+        t0 = time.perf_counter()
+        conn.request("GET", "/v1/health")
+        r = conn.getresponse()
+        r.read()
+        if r.status == 200:
+            latencies.append(time.perf_counter() - t0)
+    conn.close()
+
+
 def own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
@@ -185,6 +198,9 @@ def main() -> int:
     p.add_argument("--floor", action="store_true", help="measure the request machinery alone: GET --floor-path "
                    "instead of allocate+release (--pairs is then the number of requests)")
     p.add_argument("--floor-path", default="/v1/gpus", help="the cheap authenticated read --floor sends")
+    p.add_argument("--probe", type=float, default=0.0, metavar="SECONDS",
+                   help="also GET /v1/health every SECONDS on one more connection and print its latency: how "
+                   "responsive the service stays under the load")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     a = p.parse_args()
     # sysfs lives in memory on a host; the simulated tree and the database go to tmpfs as well
@@ -230,11 +246,22 @@ def main() -> int:
             threads = [threading.Thread(target=client, args=(i, address, token, a.type, stats, budget,
                                                                  start + a.seconds, a.hold))
                        for i in range(a.clients)]
+        probed: list[float] = []
+        stop_probe = threading.Event()
+        if a.probe:
+            threads.append(threading.Thread(target=probe, args=(address, a.probe, stop_probe, probed)))
         for t in threads:
             t.start()
-        for t in threads:
+        for t in threads[:a.clients]:
             t.join()
         elapsed = time.monotonic() - start
+        stop_probe.set()
+        for t in threads[a.clients:]:
+            t.join()
+        if a.probe:
+            print(f"GET /v1/health under the load, every {a.probe * 1000:.0f} ms: p50 {pct(probed, .5):.1f} ms, "
+                  f"p99 {pct(probed, .99):.1f} ms, max {pct(probed, 1):.1f} ms ({len(probed)} requests)",
+                  file=sys.stderr if a.json else sys.stdout)
         server_cpu_ms = (cpu_seconds(server.pid) - cpu0) * 1000 / max(1, len(stats.pairs))
         client_cpu_ms = (own_cpu_seconds() - client_cpu0) * 1000 / max(1, len(stats.pairs))
         if a.floor:
