@@ -2,10 +2,10 @@
 
 They serialise anyway, on the host lock (from the decision to the kernel write) and on SQLite's single
 writer (the transactions after it), so more threads add only contention: 16 clients over the unix socket,
-sampled on the 2-core machine, cost 13.8 ms of server CPU per allocate+release pair with the thread pool's
-40 threads and 11.4 ms with one at a time (70 and 81 pairs/s), and p99 fell from ~590 to ~340 ms. Requests
-wait for their turn on the event loop, which stays free for reads; a wait past the host lock's own
-timeout is answered Busy, as the host lock would.
+measured on the 2-core machine (two alternated 10 s runs each), cost 13.8 ms of server CPU per
+allocate+release pair with the thread pool's 40 threads and 11.4 ms with one at a time (70 and 81
+pairs/s), and p99 fell from ~590 to ~340 ms. Requests wait for their turn on the event loop, which stays
+free for reads; a wait past the host lock's own timeout is answered Busy, as the host lock would.
 """
 
 from __future__ import annotations
