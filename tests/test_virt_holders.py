@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpumgr import domain, virt
+from vgpumgr import domain, virt, virt_holders
 from vgpumgr.domain import Hostdev, VmSpec
 from vgpumgr.virt import Virt, holder_check
 
@@ -118,7 +118,7 @@ def test_a_saved_host_is_read_without_a_libvirt_connection_and_parsed_once_per_s
     opened = count_opens(monkeypatch)
     parsed: list[str] = []
     real_refs = domain.referenced_devices
-    monkeypatch.setattr(virt.domxml, "referenced_devices", lambda xml: parsed.append(xml) or real_refs(xml))
+    monkeypatch.setattr(virt_holders.domxml, "referenced_devices", lambda xml: parsed.append(xml) or real_refs(xml))
     check = holder_check(uri, state, "mdev")
     for _ in range(5):
         assert check(MDEV_A) == ["running libvirt domain a"]
@@ -141,21 +141,21 @@ def test_without_a_saved_host_a_fresh_connection_answers(uri: str, tmp_path: Pat
 def test_a_live_connection_is_kept_across_checks_and_replaced_when_it_dies(
         uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with Virt(uri) as v:
-        assert v.alive() is False  # not opened yet, and asking does not open it
+        assert virt_holders._alive(v) is False and v._conn is None  # asking does not open a connection
     running_at_boot(uri)
     opened = count_opens(monkeypatch)
-    live = virt._LiveHolders(uri)  # what holder_check keeps for a real URI (qemu:///system)
+    live = virt_holders._LiveHolders(uri)  # what holder_check keeps for a real URI (qemu:///system)
     assert live("mdev", MDEV_A) == ["running libvirt domain boot"]
     assert live("pci", VF) == [] and live("mdev", MDEV_B) == []
     assert opened == [uri]
     live._virt.conn.close()  # libvirtd restarted: the next check gets a new connection and an answer
     assert live("mdev", MDEV_A) == ["running libvirt domain boot"]
     assert opened == [uri, uri]
-    assert live._virt.alive()
+    assert virt_holders._alive(live._virt)
 
 
 def test_holder_check_keeps_one_live_checker_per_real_uri(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(virt, "_live_checks", {})
+    monkeypatch.setattr(virt_holders, "_live_checks", {})
     holder_check("qemu:///nowhere", None, "mdev")
     holder_check("qemu:///nowhere", "/tmp/ignored", "pci")
-    assert list(virt._live_checks) == ["qemu:///nowhere"]
+    assert list(virt_holders._live_checks) == ["qemu:///nowhere"]
