@@ -29,10 +29,11 @@ def holder_check(uri: str | None, state_dir: str | os.PathLike[str] | None, kind
     uri = uri or os.environ.get("VGPUMGR_LIBVIRT_URI") or DEFAULT_URI
     if uri.startswith("test:///"):
         path = Path(state_dir) / "libvirt-test" if state_dir is not None else None
-        saved = _cached(_saved_checks, (uri, path), lambda: _SavedHolders(uri, path))
+        checker: Callable[[str, str], list[str]] = _cached(_saved_checks, (uri, path),
+                                                            lambda: _SavedHolders(uri, path))
     else:
-        saved = _cached(_live_checks, uri, lambda: _LiveHolders(uri))
-    return lambda key: saved(kind, key)
+        checker = _cached(_live_checks, uri, lambda: _LiveHolders(uri))
+    return lambda key: checker(kind, key)
 
 
 _checks_lock = threading.Lock()
