@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from api.auth import READ, VGPU_WRITE, require
 from api.deps import idempotency_key, service
-from api.idempotent import idempotent
+from api.idempotent import FastJSONResponse, idempotent
 from api.schemas import (
     DomainHook,
     PassthroughCreate,
@@ -22,6 +22,7 @@ from api.schemas import (
     policy_of,
 )
 from api.tokens import HOOK, Token
+from api.writes import one_at_a_time
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput, NotFound, PermissionDenied
 from vgpumgr.ops.allocate import Owner
@@ -91,8 +92,9 @@ def list_vgpus(vm: str | None = Query(default=None, max_length=64), gpu: str | N
 
 
 @router.post("/vgpus", status_code=201, tags=["vgpus"])
-def create_vgpu(body: VgpuCreate, request: Request, key: str | None = Depends(idempotency_key),
-                svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+async def create_vgpu(body: VgpuCreate, request: Request, key: str | None = Depends(idempotency_key),
+                      svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                      ) -> dict[str, Any]:
     """Place and create one vGPU. Retrying with the same Idempotency-Key returns the same vGPU."""
     if token.role == HOOK and not body.vm:
         raise PermissionDenied("a hook token may only allocate vGPUs for a named VM", hint="set `vm`")
@@ -102,7 +104,7 @@ def create_vgpu(body: VgpuCreate, request: Request, key: str | None = Depends(id
         return 201, svc.allocate(body.type, vm=body.vm, policy=policy_of(body.policy), idempotency_key=alloc_key,
                                  uuid=body.uuid, actor=token.actor)
 
-    result = idempotent(request, svc, token, key, body, run)
+    result = await one_at_a_time(request.app, lambda: idempotent(request, svc, token, key, body, run))
     request.app.state.metrics.observe_allocation(time.perf_counter() - started)
     return result
 
@@ -134,25 +136,29 @@ def get_vgpu(ref: str, svc: Service = Depends(service), token: Token = Depends(r
 
 
 @router.delete("/vgpus/{ref}", tags=["vgpus"])
-def delete_vgpu(ref: str, grace: float = Query(default=0.0, ge=0, le=60),
-                vm: str | None = Query(default=None, max_length=64, description="owner: the VM releasing it"),
-                allocation_id: int | None = Query(default=None, ge=1, description="owner: the allocation's id"),
-                idempotency_key: str | None = Query(default=None, max_length=128,
-                                                    description="owner: the allocation's idempotency key"),
-                svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+async def delete_vgpu(request: Request, ref: str, grace: float = Query(default=0.0, ge=0, le=60),
+                      vm: str | None = Query(default=None, max_length=64, description="owner: the VM releasing it"),
+                      allocation_id: int | None = Query(default=None, ge=1, description="owner: the allocation's id"),
+                      idempotency_key: str | None = Query(default=None, max_length=128,
+                                                          description="owner: the allocation's idempotency key"),
+                      svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                      ) -> dict[str, Any]:
     """Destroy a vGPU and release its record and licence seat. With an owner (`vm` and `allocation_id` or
     `idempotency_key`; required for hook tokens), a vGPU that has changed hands since is left alone: 409."""
-    ref = _ref(ref)
-    if token.role == HOOK and svc.find_allocation(ref)["vm"] is None:
-        raise PermissionDenied(f"{ref} belongs to no VM; a hook token may only release a VM's vGPUs",
-                               hint="use an operator token")
-    owner = Owner(vm, allocation_id=allocation_id, idempotency_key=idempotency_key) if vm else None
-    if token.role == HOOK and owner is None:
-        raise InvalidInput("a hook token must name the owner of the vGPU it releases",
-                           hint="pass ?vm=NAME&allocation_id=ID (or &idempotency_key=KEY)")
-    if owner is None and (allocation_id is not None or idempotency_key):
-        raise InvalidInput("an owner needs the VM", hint="add ?vm=NAME")
-    return svc.release(ref, actor=token.actor, grace=grace, owner=owner)
+    def release() -> FastJSONResponse:  # the checks in this order: the errors' precedence is the API's
+        reference = _ref(ref)
+        if token.role == HOOK and svc.find_allocation(reference)["vm"] is None:
+            raise PermissionDenied(f"{reference} belongs to no VM; a hook token may only release a VM's vGPUs",
+                                   hint="use an operator token")
+        owner = Owner(vm, allocation_id=allocation_id, idempotency_key=idempotency_key) if vm else None
+        if token.role == HOOK and owner is None:
+            raise InvalidInput("a hook token must name the owner of the vGPU it releases",
+                               hint="pass ?vm=NAME&allocation_id=ID (or &idempotency_key=KEY)")
+        if owner is None and (allocation_id is not None or idempotency_key):
+            raise InvalidInput("an owner needs the VM", hint="add ?vm=NAME")
+        return FastJSONResponse(svc.release(reference, actor=token.actor, grace=grace, owner=owner))
+
+    return await one_at_a_time(request.app, release)
 
 
 @router.get("/placements", tags=["placements"])

@@ -2,12 +2,18 @@
 """Load test of the REST API: N concurrent clients allocate and release vGPUs on a simulated 8-GPU T4 host.
 
     .venv/bin/python scripts/bench_api.py [--clients 16] [--transport unix|tcp] [--pairs 2000] [--seconds 30]
+    .venv/bin/python scripts/bench_api.py --floor [--floor-path /v1/gpus] [--transport unix|tcp]
 
 Starts `python -m api.server` (uvicorn) on a unix socket, as the hooks reach it (`--transport unix`,
 default), or on 127.0.0.1 at a free port (`--transport tcp`), against `vgpumgr sim create DIR --profile t4
 --scale 8` and a fresh SQLite database, then prints throughput (allocate+release pairs per second),
 p50/p99 latencies, double allocations (a UUID handed out while still live, or an mdev left over) and 5xx
 responses. Targets (issue 13): >= 300 pairs/s with 16 clients, p99 <= 50 ms, 0 double allocations, 0 5xx.
+
+`--floor` drives the same server, transport, clients and client code with an authenticated read that does no
+device work (GET /v1/gpus: token check, role check, the cached inventory, JSON out) and prints requests/s,
+server CPU per request and p50/p99: what any request costs before the vGPU work. Two of them (allocate and
+release) plus the library's own pair cost bound the REST pairs/s from above.
 """
 
 from __future__ import annotations
@@ -139,6 +145,47 @@ def client(n: int, address: str | int, token: str, type_name: str, stats: Stats,
     conn.close()
 
 
+def floor_client(address: str | int, token: str, path: str, stats: Stats, budget: list[int],
+                 deadline: float) -> None:
+    """The same loop as `client`, with one cheap authenticated GET per iteration instead of the pair."""
+    conn = connection(address)
+    headers = {"Authorization": f"Bearer {token}"}
+    while time.monotonic() < deadline:
+        with stats.lock:
+            if budget[0] <= 0:
+                break
+            budget[0] -= 1
+        t0 = time.perf_counter()
+        conn.request("GET", path, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        t1 = time.perf_counter()
+        if r.status != 200:
+            stats.error(r.status, data)
+            continue
+        with stats.lock:
+            stats.pairs.append(t1 - t0)
+    conn.close()
+
+
+def probe(address: str | int, every: float, stop: threading.Event, latencies: list[float]) -> None:
+    """Responsiveness under load: GET /v1/health every `every` seconds on a connection of its own."""
+    conn = connection(address)
+    while not stop.wait(every):
+        t0 = time.perf_counter()
+        conn.request("GET", "/v1/health")
+        r = conn.getresponse()
+        r.read()
+        if r.status == 200:
+            latencies.append(time.perf_counter() - t0)
+    conn.close()
+
+
+def own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=16)
@@ -148,6 +195,12 @@ def main() -> int:
     p.add_argument("--type", default="T4-1Q", help="T4-16Q (one per GPU) with more clients than GPUs tests "
                    "that capacity is never over-committed")
     p.add_argument("--hold", type=float, default=0.0, help="seconds each client keeps its vGPU before releasing")
+    p.add_argument("--floor", action="store_true", help="measure the request machinery alone: GET --floor-path "
+                   "instead of allocate+release (--pairs is then the number of requests)")
+    p.add_argument("--floor-path", default="/v1/gpus", help="the cheap authenticated read --floor sends")
+    p.add_argument("--probe", type=float, default=0.0, metavar="SECONDS",
+                   help="also GET /v1/health every SECONDS on one more connection and print its latency: how "
+                   "responsive the service stays under the load")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     a = p.parse_args()
     # sysfs lives in memory on a host; the simulated tree and the database go to tmpfs as well
@@ -183,17 +236,36 @@ def main() -> int:
         capacity = sum(t.available_instances for t in scan(Host(root)).types if t.matches(a.type))
         stats = Stats()
         budget = [a.pairs]
-        cpu0 = cpu_seconds(server.pid)
+        cpu0, client_cpu0 = cpu_seconds(server.pid), own_cpu_seconds()
         start = time.monotonic()
-        threads = [threading.Thread(target=client, args=(i, address, token, a.type, stats, budget,
-                                                             start + a.seconds, a.hold))
-                   for i in range(a.clients)]
+        if a.floor:
+            threads = [threading.Thread(target=floor_client, args=(address, token, a.floor_path, stats, budget,
+                                                                   start + a.seconds))
+                       for _ in range(a.clients)]
+        else:
+            threads = [threading.Thread(target=client, args=(i, address, token, a.type, stats, budget,
+                                                                 start + a.seconds, a.hold))
+                       for i in range(a.clients)]
+        probed: list[float] = []
+        stop_probe = threading.Event()
+        if a.probe:
+            threads.append(threading.Thread(target=probe, args=(address, a.probe, stop_probe, probed)))
         for t in threads:
             t.start()
-        for t in threads:
+        for t in threads[:a.clients]:
             t.join()
         elapsed = time.monotonic() - start
+        stop_probe.set()
+        for t in threads[a.clients:]:
+            t.join()
+        if a.probe:
+            print(f"GET /v1/health under the load, every {a.probe * 1000:.0f} ms: p50 {pct(probed, .5):.1f} ms, "
+                  f"p99 {pct(probed, .99):.1f} ms, max {pct(probed, 1):.1f} ms ({len(probed)} requests)",
+                  file=sys.stderr if a.json else sys.stdout)
         server_cpu_ms = (cpu_seconds(server.pid) - cpu0) * 1000 / max(1, len(stats.pairs))
+        client_cpu_ms = (own_cpu_seconds() - client_cpu0) * 1000 / max(1, len(stats.pairs))
+        if a.floor:
+            return report_floor(a, stats, elapsed, server_cpu_ms, client_cpu_ms)
         left = scan(Host(root)).mdevs
         over = max(0, stats.peak_live - capacity)
         doubles = stats.doubles + len(left) + over
@@ -203,12 +275,13 @@ def main() -> int:
                               "seconds": elapsed, "pairs_per_s": rate, "p50_ms": pct(stats.pairs, .5),
                               "p99_ms": pct(stats.pairs, .99), "doubles": doubles,
                               "server_errors": stats.server_errors, "other_errors": stats.other_errors,
-                              "server_cpu_ms_per_pair": server_cpu_ms}))
+                              "server_cpu_ms_per_pair": server_cpu_ms, "client_cpu_ms_per_pair": client_cpu_ms}))
             return 0 if doubles == 0 and stats.server_errors == 0 else 1
         print(f"host: simulated 8x T4, {a.clients} clients over {a.transport}, type {a.type}, "
               f"{len(stats.pairs)} pairs in {elapsed:.1f} s")
         print(f"throughput: {rate:.0f} allocate+release pairs/s (target >= 300); server CPU {server_cpu_ms:.1f} ms "
               "per pair")
+        print(f"client CPU (this process, {a.clients} threads of http.client): {client_cpu_ms:.1f} ms per pair")
         print(f"pair latency: p50 {pct(stats.pairs, .5):.1f} ms, p99 {pct(stats.pairs, .99):.1f} ms (target <= 50)")
         print(f"allocate: p50 {pct(stats.alloc, .5):.1f} ms, p99 {pct(stats.alloc, .99):.1f} ms; "
               f"release: p50 {pct(stats.release, .5):.1f} ms, p99 {pct(stats.release, .99):.1f} ms")
@@ -222,6 +295,29 @@ def main() -> int:
         server.terminate()
         server.wait(timeout=10)
         log.close()
+
+
+def report_floor(a: argparse.Namespace, stats: Stats, elapsed: float, server_cpu_ms: float,
+                 client_cpu_ms: float) -> int:
+    rate = len(stats.pairs) / elapsed
+    if a.json:
+        print(json.dumps({"transport": a.transport, "clients": a.clients, "floor_path": a.floor_path,
+                          "requests": len(stats.pairs), "seconds": elapsed, "requests_per_s": rate,
+                          "p50_ms": pct(stats.pairs, .5), "p99_ms": pct(stats.pairs, .99),
+                          "server_errors": stats.server_errors, "other_errors": stats.other_errors,
+                          "server_cpu_ms_per_request": server_cpu_ms, "client_cpu_ms_per_request": client_cpu_ms}))
+        return 0 if stats.server_errors == 0 and not stats.other_errors else 1
+    print(f"floor: GET {a.floor_path}, {a.clients} clients over {a.transport}, {len(stats.pairs)} requests in "
+          f"{elapsed:.1f} s")
+    print(f"throughput: {rate:.0f} requests/s; server CPU {server_cpu_ms:.2f} ms per request; client CPU "
+          f"{client_cpu_ms:.2f} ms per request")
+    print(f"latency: p50 {pct(stats.pairs, .5):.1f} ms, p99 {pct(stats.pairs, .99):.1f} ms")
+    print(f"a pair costs at least 2 x {server_cpu_ms:.2f} ms of server CPU before any vGPU work: REST pairs/s "
+          f"<= 1000 / (2 x {server_cpu_ms:.2f} + library ms per pair)")
+    print(f"errors: 5xx {stats.server_errors}, other {stats.other_errors or 0}")
+    for ex in stats.examples:
+        print(f"  e.g. {ex}")
+    return 0 if stats.server_errors == 0 and not stats.other_errors else 1
 
 
 if __name__ == "__main__":

@@ -304,7 +304,10 @@ class Virt:
             for stale in d.glob("*.xml"):
                 if stale.name not in keep:
                     stale.unlink()
-            _write_atomic(d / "state.json", json.dumps({"uri": self.uri, "domains": records}, indent=1))
+            # "save": different on every save, even when only a domain's XML changed, so that readers
+            # (holder checks) can tell a new save by state.json's bytes alone
+            _write_atomic(d / "state.json", json.dumps({"uri": self.uri, "save": os.urandom(8).hex(),
+                                                        "domains": records}, indent=1))
 
     def _restore(self) -> None:
         """Make a fresh test connection match the saved snapshot (none saved: leave the driver as is)."""
@@ -380,15 +383,9 @@ def _edit_devices(domain_xml: str, device_xml: str, attach: bool) -> str:
     return etree.tostring(root, encoding="unicode")
 
 
-def holder_check(uri: str, state_dir: str | os.PathLike[str] | None, kind: str) -> Callable[[str], list[str]]:
-    """A backend holder check: the running libvirt domains that use an mdev UUID (kind "mdev") or a PCI
-    address (kind "pci"). A stopped domain holds nothing in the kernel, so it does not block a removal.
-    When libvirt cannot be reached, it answers nothing: the backends' /proc check of the VFIO group stays."""
-    def check(key: str) -> list[str]:
-        try:
-            v = Virt(uri, state_dir=state_dir)
-            names = v.domains_using_mdev(key) if kind == "mdev" else v.domains_using_pci(key)
-            return [f"running libvirt domain {n}" for n in names if v.state(n) in ("running", "paused")]
-        except VgpuError:
-            return []
-    return check
+def holder_check(uri: str | None, state_dir: str | os.PathLike[str] | None, kind: str
+                 ) -> Callable[[str], list[str]]:
+    """The running libvirt domains that use an mdev UUID or PCI address, for the backends' removals."""
+    from vgpumgr.virt_holders import holder_check as check
+
+    return check(uri, state_dir, kind)
