@@ -21,7 +21,6 @@ from sqlalchemy.orm import Session
 from vgpumgr import audit, checkpoints, licensing
 from vgpumgr.config import Config
 from vgpumgr.db import store
-from vgpumgr.db.models import Gpu as GpuRow
 from vgpumgr.db.session import ensure_schema, read_sessions, session_factory
 from vgpumgr.errors import Busy, VgpuError
 from vgpumgr.inventory import scan
@@ -35,6 +34,14 @@ NVIDIA_TEARDOWN_GRACE = 10.0  # seconds NVIDIA's driver may take to remove an md
 
 def hostname() -> str:
     return os.environ.get("VGPUMGR_HOSTNAME") or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """A GPU row as far as an allocation and licensing.acquire read it."""
+
+    id: int
+    address: str
 
 
 @dataclass
@@ -111,15 +118,13 @@ class Context:
         return self._host_id
 
     def gpu_row(self, s: Session, address: str, model: str) -> Any:
-        """The GPU's row (upserted once per service; later a primary-key lookup, or just its id when licences
-        are off)."""
+        """The GPU's row, upserted once per service; later only what the allocation and its licence seat read
+        of it (id and address), without a query."""
         key = self._gpu_ids.get(address)
-        if key is not None and self.licence_mode == licensing.MODE_OFF:
-            return key
-        row = s.get(GpuRow, key) if key is not None else None
-        if row is None:
-            row = store.upsert_gpu(s, self.host_id(s), address, model=model)
-            self._gpu_ids[address] = row.id
+        if key is not None:
+            return GpuRef(key, address)
+        row = store.upsert_gpu(s, self.host_id(s), address, model=model)
+        self._gpu_ids[address] = row.id
         return row
 
     # -- the host as last read ------------------------------------------------------------------
