@@ -147,6 +147,21 @@ def upsert_vm(session: Session, host: Host | int, name: str, *, uuid: str | None
     return vm
 
 
+def vm_ref(session: Session, host: Host | int, name: str) -> Any:
+    """The VM's id, name and host_id (its row made if missing) for an allocation and its licence seat: a Core
+    row, no ORM object (an ORM load cost ~0.5 ms of a REST allocation)."""
+    name = ids.vm_name(name)
+    conn = session.connection()
+    params = {"host_id": _id(host), "name": name}
+    row = conn.execute(_VM_REF, params).first()
+    if row is None:
+        now = utcnow()
+        _insert_ignore(session, Vm, {**params, "uuid": None, "state": "defined", "created_at": now,
+                                     "updated_at": now}, ["host_id", "name"])
+        row = conn.execute(_VM_REF, params).one()
+    return row
+
+
 def get_vm(session: Session, host: Host | int, name: str) -> Vm | None:
     return session.scalar(select(Vm).where(Vm.host_id == _id(host), Vm.name == name))
 
@@ -158,6 +173,8 @@ def vms(session: Session, host: Host | int) -> list[Vm]:
 # -- allocations -------------------------------------------------------------------------------------
 
 _ALLOC = Allocation.__table__
+_VM_REF = (select(Vm.__table__.c.id, Vm.__table__.c.name, Vm.__table__.c.host_id)
+           .where(Vm.__table__.c.host_id == bindparam("host_id"), Vm.__table__.c.name == bindparam("name")))
 
 
 # ON CONFLICT DO NOTHING covers every unique index, partial ones included, without aborting the

@@ -111,7 +111,7 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
             g = inv.gpu(c.gpu) if c.gpu else None
             h = svc.host_id(s)
             gpu_row = svc.gpu_row(s, c.gpu, g.name if g else "") if c.gpu else None
-            vm_row = store.upsert_vm(s, h, vm) if vm else None
+            vm_row = store.vm_ref(s, h, vm) if vm else None
             row = store.reserve_allocation(
                 s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
                 pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
