@@ -94,6 +94,18 @@ def api_rows(seconds: float) -> list[Row]:
         bad = r["doubles"] + r["server_errors"]
         rows.append(Row(f"  double allocations + 5xx, {transport}", f"{r['doubles']} + {r['server_errors']}",
                         "0 + 0", "-", "met" if bad == 0 else "MISSED"))
+        f, why = bench("bench_api.py", "--floor", "--transport", transport, "--clients", "16", "--seconds",
+                       str(min(seconds, 5)))
+        if f is None:
+            rows.append(skipped(f"  request floor, {transport}", "-", why))
+            continue
+        floor = f["server_cpu_ms_per_request"]
+        rows.append(Row(f"  request floor, {transport}: authenticated GET {f['floor_path']}, same server and clients",
+                        f"{floor:.2f} ms server CPU per request ({f['requests_per_s']:,.0f} requests/s)", "-", "-",
+                        "info"))
+        work = r["server_cpu_ms_per_pair"] - 2 * floor
+        rows.append(Row(f"  the pair's vGPU work in the server, {transport} (CPU per pair - 2 x floor)",
+                        f"{work:.2f} ms", "-", "-", "info"))
     return rows
 
 
