@@ -110,13 +110,13 @@ async def create_vgpu(body: VgpuCreate, request: Request, key: str | None = Depe
 
 
 @router.post("/vgpus/passthrough", status_code=201, tags=["vgpus"])
-def create_passthrough(body: PassthroughCreate, request: Request, key: str | None = Depends(idempotency_key),
-                       svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
-                       ) -> dict[str, Any]:
+async def create_passthrough(body: PassthroughCreate, request: Request, key: str | None = Depends(idempotency_key),
+                             svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                             ) -> dict[str, Any]:
     if token.role == HOOK and not body.vm:
         raise PermissionDenied("a hook token may only allocate GPUs for a named VM", hint="set `vm`")
-    return idempotent(request, svc, token, key, body, lambda k: (
-        201, svc.allocate_passthrough(body.address, vm=body.vm, idempotency_key=k, actor=token.actor)))
+    return await one_at_a_time(request.app, lambda: idempotent(request, svc, token, key, body, lambda k: (
+        201, svc.allocate_passthrough(body.address, vm=body.vm, idempotency_key=k, actor=token.actor))))
 
 
 def _ref(ref: str) -> str:
@@ -178,36 +178,39 @@ def preview_placement(body: PlacementRequest, svc: Service = Depends(service),
 
 # -- hooks ---------------------------------------------------------------------------------------------
 @router.post("/hooks/ensure", tags=["hooks"])
-def hook_ensure(body: VgpuEnsure, request: Request, key: str | None = Depends(idempotency_key),
-                svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+async def hook_ensure(body: VgpuEnsure, request: Request, key: str | None = Depends(idempotency_key),
+                      svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                      ) -> dict[str, Any]:
     """Make sure mdev `uuid` exists for `vm` (201 when it had to be created, 200 when it was there)."""
     def run(alloc_key: str | None) -> tuple[int, Any]:
         alloc, created = svc.ensure_vgpu(uuid=body.uuid, type_name=body.type, vm=body.vm, parent=body.parent,
                                         idempotency_key=alloc_key, actor=token.actor)
         return (201 if created else 200), alloc
 
-    return idempotent(request, svc, token, key, body, run)
+    return await one_at_a_time(request.app, lambda: idempotent(request, svc, token, key, body, run))
 
 
 @router.post("/hooks/release", tags=["hooks"])
-def hook_release(body: VmRelease, svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
-                 ) -> dict[str, Any]:
+async def hook_release(body: VmRelease, request: Request, svc: Service = Depends(service),
+                       token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
     """Release the live vGPUs of a VM (those listed, or all). Failures are listed under `errors`."""
-    return svc.release_vm_vgpus(body.vm, body.uuids, grace=body.grace, actor=token.actor)
+    return await one_at_a_time(request.app, lambda: svc.release_vm_vgpus(body.vm, body.uuids, grace=body.grace,
+                                                                         actor=token.actor))
 
 
 @router.post("/hooks/libvirt/prepare", tags=["hooks"])
-def hook_libvirt_prepare(body: DomainHook, request: Request, key: str | None = Depends(idempotency_key),
-                         svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
-                         ) -> dict[str, Any]:
-    return idempotent(request, svc, token, key, body, lambda k: (
-        200, svc.libvirt_prepare(body.domain, body.xml, actor=token.actor, key_prefix=k)))
+async def hook_libvirt_prepare(body: DomainHook, request: Request, key: str | None = Depends(idempotency_key),
+                               svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                               ) -> dict[str, Any]:
+    return await one_at_a_time(request.app, lambda: idempotent(request, svc, token, key, body, lambda k: (
+        200, svc.libvirt_prepare(body.domain, body.xml, actor=token.actor, key_prefix=k))))
 
 
 @router.post("/hooks/libvirt/release", tags=["hooks"])
-def hook_libvirt_release(body: DomainHook, svc: Service = Depends(service),
-                         token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
-    return svc.libvirt_release(body.domain, body.xml, grace=body.grace, actor=token.actor)
+async def hook_libvirt_release(body: DomainHook, request: Request, svc: Service = Depends(service),
+                               token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    return await one_at_a_time(request.app, lambda: svc.libvirt_release(body.domain, body.xml, grace=body.grace,
+                                                                        actor=token.actor))
 
 
 @router.post("/hooks/proxmox/check", tags=["hooks"])
@@ -219,9 +222,11 @@ def hook_proxmox_check(body: ProxmoxCheck, svc: Service = Depends(service),
 
 
 @router.post("/hooks/proxmox/record", tags=["hooks"])
-def hook_proxmox_record(body: ProxmoxRecord, response: Response, svc: Service = Depends(service),
-                        token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+async def hook_proxmox_record(body: ProxmoxRecord, request: Request, response: Response,
+                              svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                              ) -> dict[str, Any]:
     """Proxmox post-start: record the VF Proxmox chose and take the licence seat (201 new, 200 known)."""
-    alloc, made = svc.proxmox_record(body.vm, body.type, body.vf, actor=token.actor)
+    alloc, made = await one_at_a_time(request.app, lambda: svc.proxmox_record(body.vm, body.type, body.vf,
+                                                                              actor=token.actor))
     response.status_code = 201 if made else 200
     return alloc

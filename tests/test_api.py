@@ -348,3 +348,24 @@ def test_libvirt_hook_endpoints(env: ApiEnv) -> None:
                                    headers=h), 404)
     assert "metadata" in body["detail"]
     problem(env.client.post("/v1/hooks/libvirt/prepare", json={"domain": "lv2", "xml": "<domain"}, headers=h), 400)
+
+
+def test_hook_writes_take_their_turn_with_the_other_vgpu_writes(env: ApiEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hooks change vGPUs too: they wait for the same turn as POST/DELETE /v1/vgpus (api/writes.py)."""
+    from api import routes_inventory
+
+    turns: list[str] = []
+    real = routes_inventory.one_at_a_time
+
+    async def counted(app, work):  # noqa: ANN001, ANN202
+        turns.append("turn")
+        return await real(app, work)
+
+    monkeypatch.setattr(routes_inventory, "one_at_a_time", counted)
+    h = env.as_("hook")
+    body = {"uuid": "00000000-0000-0000-0000-000000000102", "type": "nvidia-232", "vm": "pve-102", "parent": GPU}
+    assert env.client.post("/v1/hooks/ensure", json=body, headers=h).status_code == 201
+    assert len(turns) == 1
+    released = env.client.post("/v1/hooks/release", json={"vm": "pve-102"}, headers=h)
+    assert released.status_code == 200, released.text
+    assert len(turns) == 2 and env.service.allocations(vm="pve-102", live=True) == []
