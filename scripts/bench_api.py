@@ -104,23 +104,33 @@ def connection(address: str | int, timeout: float = 30) -> http.client.HTTPConne
     return http.client.HTTPConnection("127.0.0.1", address, timeout=timeout)
 
 
+def take_turn(stats: Stats, budget: list[int]) -> bool:
+    """One more iteration of the shared budget, if any is left."""
+    with stats.lock:
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
+        return True
+
+
+def exchange(conn: http.client.HTTPConnection, method: str, path: str, headers: dict[str, str],
+             body: str | None = None) -> tuple[int, bytes]:
+    conn.request(method, path, body=body, headers=headers)
+    r = conn.getresponse()
+    return r.status, r.read()
+
+
 def client(n: int, address: str | int, token: str, type_name: str, stats: Stats, budget: list[int],
            deadline: float, hold: float) -> None:
     conn = connection(address)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     body = json.dumps({"type": type_name, "vm": f"bench-{n}"})
-    while time.monotonic() < deadline:
-        with stats.lock:
-            if budget[0] <= 0:
-                break
-            budget[0] -= 1
+    while time.monotonic() < deadline and take_turn(stats, budget):
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/vgpus", body=body, headers=headers)
-        r = conn.getresponse()
-        data = r.read()
+        status, data = exchange(conn, "POST", "/v1/vgpus", headers, body)
         t1 = time.perf_counter()
-        if r.status != 201:
-            stats.error(r.status, data)
+        if status != 201:
+            stats.error(status, data)
             continue
         uuid = json.loads(data)["uuid"]
         with stats.lock:  # held from the 201 until the DELETE is sent: nobody else may get it meanwhile
@@ -131,12 +141,10 @@ def client(n: int, address: str | int, token: str, type_name: str, stats: Stats,
         time.sleep(hold)
         with stats.lock:
             stats.live.discard(uuid)
-        conn.request("DELETE", f"/v1/vgpus/{uuid}", headers=headers)
-        r = conn.getresponse()
-        data = r.read()
+        status, data = exchange(conn, "DELETE", f"/v1/vgpus/{uuid}", headers)
         t2 = time.perf_counter()
-        if r.status != 200:
-            stats.error(r.status, data)
+        if status != 200:
+            stats.error(status, data)
             continue
         with stats.lock:
             stats.alloc.append(t1 - t0)
@@ -150,18 +158,12 @@ def floor_client(address: str | int, token: str, path: str, stats: Stats, budget
     """The same loop as `client`, with one cheap authenticated GET per iteration instead of the pair."""
     conn = connection(address)
     headers = {"Authorization": f"Bearer {token}"}
-    while time.monotonic() < deadline:
-        with stats.lock:
-            if budget[0] <= 0:
-                break
-            budget[0] -= 1
+    while time.monotonic() < deadline and take_turn(stats, budget):
         t0 = time.perf_counter()
-        conn.request("GET", path, headers=headers)
-        r = conn.getresponse()
-        data = r.read()
+        status, data = exchange(conn, "GET", path, headers)
         t1 = time.perf_counter()
-        if r.status != 200:
-            stats.error(r.status, data)
+        if status != 200:
+            stats.error(status, data)
             continue
         with stats.lock:
             stats.pairs.append(t1 - t0)
