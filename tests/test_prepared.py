@@ -95,3 +95,18 @@ def test_pooled_connections_survive_a_server_restart_after_idling(monkeypatch: p
         engine.dispose()
     finally:
         server.stop()
+
+
+def test_a_failing_prepared_write_raises_what_sqlalchemy_would(db_url: str) -> None:
+    """The driver's error comes out as SQLAlchemy's (callers and the pool's disconnect handling see one kind)."""
+    from sqlalchemy.exc import IntegrityError
+
+    engine = get_engine(db_url)
+    with engine.connect() as conn:
+        conn.begin()
+        host_id = conn.execute(insert(Host.__table__).values(name=f"prep-e-{id(conn)}").returning(Host.id)).scalar()
+        values = _values(host_id, "00000000-0000-4000-8000-00000000000d", None)
+        values["host_id"] = host_id + 10_000  # no such host: the foreign key refuses it
+        with pytest.raises(IntegrityError):
+            store._RESERVE[conn.dialect.name].execute(conn, values)
+        conn.rollback()

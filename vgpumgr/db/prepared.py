@@ -47,10 +47,13 @@ class Prepared:
         for name, proc in plan.processors.items():  # as SQLAlchemy does: None too (JSON may write 'null')
             values[name] = proc(values.get(name))
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        if plan.positional is None:
-            cursor.execute(plan.sql, values)
-        else:
-            cursor.execute(plan.sql, [values[k] for k in plan.positional])
+        args = values if plan.positional is None else [values[k] for k in plan.positional]
+        try:
+            cursor.execute(plan.sql, args)
+        except Exception as exc:
+            # as Connection.execute would: SQLAlchemy's exception types, and a lost server connection invalidated
+            conn._handle_dbapi_exception(exc, plan.sql, args, cursor, None)
+            raise  # not reached: the call above always raises
         executed += 1
         return cursor
 
