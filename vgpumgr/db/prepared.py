@@ -2,8 +2,9 @@
 cursor of the caller's connection, inside the caller's transaction.
 
 SQLAlchemy's `Connection.execute` builds an execution context, runs its events and wraps a result for
-every call: ~30-40 us per statement on this machine, against ~4 us for the driver itself (measured with
-`scripts/bench_allocate.py --floor`). The allocation path's INSERTs and UPDATEs (nine per allocate+release)
+every call: ~35 us per statement on this machine, against ~4 us for the driver itself (`scripts/bench_floor.py`:
+a pair's database work takes 1.65 ms through Core, 1.20 ms as run here, 0.69 ms at the driver). The allocation
+path's INSERTs and UPDATEs (nine per allocate+release)
 skip that layer; the statement text, the parameter order and the type conversions (naive UTC for SQLite's
 DateTime, JSON text) are still SQLAlchemy's, taken from its compiled form. SELECTs keep going through
 SQLAlchemy, which converts their result rows.
