@@ -22,6 +22,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -297,6 +298,7 @@ def main() -> int:
         server.terminate()
         server.wait(timeout=10)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # the tree, database and log on tmpfs (memory)
 
 
 def report_floor(a: argparse.Namespace, stats: Stats, elapsed: float, server_cpu_ms: float,
