@@ -5,6 +5,8 @@ Bounded (a fixed number of examples per operation, a deterministic seed) so it r
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -13,7 +15,8 @@ from hypothesis import HealthCheck, settings
 from test_api import make_env
 
 MAX_EXAMPLES = 25
-_TMP = Path(tempfile.mkdtemp(prefix="vgpumgr-schemathesis-"))
+_TMP = Path(tempfile.mkdtemp(prefix="vgpumgr-schemathesis-"))  # at import: schemathesis reads the schema then
+atexit.register(shutil.rmtree, _TMP, True)
 ENV, _CLIENT = make_env(_TMP, scale=2)
 schema = schemathesis.openapi.from_asgi("/openapi.json", _CLIENT.app)
 # Valid and invalid inputs both: an invalid one must come back 4xx, never 5xx.
