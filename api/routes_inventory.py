@@ -190,12 +190,14 @@ async def hook_ensure(body: VgpuEnsure, request: Request, key: str | None = Depe
     return await one_at_a_time(request.app, lambda: idempotent(request, svc, token, key, body, run))
 
 
+# The two VM-release hooks stay on the thread pool, without a turn: each of the VM's vGPUs may wait up to
+# `grace` seconds for NVIDIA's driver, and holding one turn across all of them would make other writes wait
+# for the whole VM; the host lock, taken per vGPU, lets them in between.
 @router.post("/hooks/release", tags=["hooks"])
-async def hook_release(body: VmRelease, request: Request, svc: Service = Depends(service),
-                       token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+def hook_release(body: VmRelease, svc: Service = Depends(service), token: Token = Depends(require(*VGPU_WRITE))
+                 ) -> dict[str, Any]:
     """Release the live vGPUs of a VM (those listed, or all). Failures are listed under `errors`."""
-    return await one_at_a_time(request.app, lambda: svc.release_vm_vgpus(body.vm, body.uuids, grace=body.grace,
-                                                                         actor=token.actor))
+    return svc.release_vm_vgpus(body.vm, body.uuids, grace=body.grace, actor=token.actor)
 
 
 @router.post("/hooks/libvirt/prepare", tags=["hooks"])
@@ -207,10 +209,9 @@ async def hook_libvirt_prepare(body: DomainHook, request: Request, key: str | No
 
 
 @router.post("/hooks/libvirt/release", tags=["hooks"])
-async def hook_libvirt_release(body: DomainHook, request: Request, svc: Service = Depends(service),
-                               token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
-    return await one_at_a_time(request.app, lambda: svc.libvirt_release(body.domain, body.xml, grace=body.grace,
-                                                                        actor=token.actor))
+def hook_libvirt_release(body: DomainHook, svc: Service = Depends(service),
+                         token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    return svc.libvirt_release(body.domain, body.xml, grace=body.grace, actor=token.actor)
 
 
 @router.post("/hooks/proxmox/check", tags=["hooks"])

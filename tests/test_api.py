@@ -351,7 +351,8 @@ def test_libvirt_hook_endpoints(env: ApiEnv) -> None:
 
 
 def test_hook_writes_take_their_turn_with_the_other_vgpu_writes(env: ApiEnv, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hooks change vGPUs too: they wait for the same turn as POST/DELETE /v1/vgpus (api/writes.py)."""
+    """Hooks that allocate wait for the same turn as POST/DELETE /v1/vgpus (api/writes.py); the VM-release hooks
+    do not (each vGPU may wait out a grace period; the host lock per vGPU lets other writes in between)."""
     from api import routes_inventory
 
     turns: list[str] = []
@@ -366,6 +367,6 @@ def test_hook_writes_take_their_turn_with_the_other_vgpu_writes(env: ApiEnv, mon
     body = {"uuid": "00000000-0000-0000-0000-000000000102", "type": "nvidia-232", "vm": "pve-102", "parent": GPU}
     assert env.client.post("/v1/hooks/ensure", json=body, headers=h).status_code == 201
     assert len(turns) == 1
-    released = env.client.post("/v1/hooks/release", json={"vm": "pve-102"}, headers=h)
+    released = env.client.post("/v1/hooks/release", json={"vm": "pve-102"}, headers=h)  # per vGPU: no turn
     assert released.status_code == 200, released.text
-    assert len(turns) == 2 and env.service.allocations(vm="pve-102", live=True) == []
+    assert len(turns) == 1 and env.service.allocations(vm="pve-102", live=True) == []
