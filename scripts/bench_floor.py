@@ -153,7 +153,7 @@ class _DriverConn:
 
 
 def measure(pairs: int, db: str = "sqlite") -> dict[str, Any]:
-    from scripts_bench_allocate import run as run_pairs  # type: ignore[import-not-found]
+    from bench_allocate import run as run_pairs  # the script beside this one (its folder is on sys.path)
 
     from vgpumgr.config import Config
     from vgpumgr.db.session import dispose_engines, get_engine
@@ -236,10 +236,6 @@ def main() -> int:
                     help="postgresql: a throwaway server started by the script (tests/pg.py)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import importlib
-
-    sys.modules["scripts_bench_allocate"] = importlib.import_module("bench_allocate")
     r = measure(args.pairs, args.db)
     if args.json:
         print(json.dumps(r))

@@ -49,6 +49,18 @@ def test_snapshot_after_own_changes_equals_a_fresh_scan(tmp_path: Path, profile:
     assert len(svc.snapshot().inventory.mdevs) + len(svc.snapshot().inventory.vf_vgpus) == 2
 
 
+def test_snapshot_after_own_vendor_vf_changes_equals_a_fresh_scan(tmp_path: Path) -> None:
+    """Vendor VFs: the touched GPU's VFs are found through its virtfn links, and their vGPUs' type names
+    (no longer in the VF's creatable list once set) gathered only then."""
+    svc = make_service(tmp_path, "l40s-vfio", vfs=4)
+    made = [svc.allocate("L40S-4Q", vm=f"vm{i}") for i in range(3)]
+    assert _view(svc.snapshot().inventory) == _view(scan(svc.host))
+    assert {v.name for v in svc.snapshot().inventory.vf_vgpus} == {"NVIDIA L40S-4Q"}
+    svc.release(made[1]["pci_address"])
+    assert _view(svc.snapshot().inventory) == _view(scan(svc.host))
+    assert len(svc.snapshot().inventory.vf_vgpus) == 2
+
+
 def test_lookups_take_no_sqlite_write_lock(tmp_path: Path) -> None:
     svc = make_service(tmp_path)
     begins: list[str] = []

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from vgpumgr import ids
 from vgpumgr.backends.common import vfio_holders, wait_for, write
-from vgpumgr.discovery.fs import link_name, read, read_int
+from vgpumgr.discovery.fs import link_name, read, read_int, virtfns
 from vgpumgr.errors import Busy, InvalidInput, NotFound
 from vgpumgr.host import Host
 
 
 def vfs(host: Host, pf: str) -> list[str]:
-    d = str(host.pci(pf))
-    n = read_int(f"{d}/sriov_numvfs", 0) or 0
-    return [v for v in (link_name(f"{d}/virtfn{i}") for i in range(n)) if v]
+    return virtfns(str(host.pci(pf)))
 
 
 def _vf_in_use(host: Host, vf: str) -> str | None:

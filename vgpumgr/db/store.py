@@ -286,6 +286,11 @@ def activate(session: Session, allocation: Allocation, at: datetime | None = Non
     return allocation
 
 
+def is_in_flight(row: Any) -> bool:
+    """Whether a row of `live_rows` is one `in_flight` returns: owned by an operation, or still reserved."""
+    return row.owner_pid is not None or row.state == ALLOC_RESERVED
+
+
 def in_flight(session: Session, host: Host | int) -> list[Any]:
     """Rows some operation still owns, and `reserved` rows (with or without an owner): one indexed query.
     Core rows with id, state and the owner columns."""
@@ -365,11 +370,6 @@ def live_rows(session: Session, host: Host | int) -> list[Any]:
     """Every live allocation (passthrough too) with its state, owner columns and VM name: one query that
     serves both the dead-owner check and placement (Core rows)."""
     return list(session.connection().execute(_LIVE_ROWS, {"host_id": _id(host)}))
-
-
-def live_placements(session: Session, host: Host | int) -> list[Any]:
-    """What placement needs of the live vGPU allocations (not passthrough) and their VM names."""
-    return [r for r in live_rows(session, host) if r.backend != BACKEND_PASSTHROUGH]
 
 
 def live_allocation(session: Session, host: Host | int, *, uuid: str | None = None,

@@ -40,3 +40,9 @@ def listdir(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except OSError:
         return []
+
+
+def virtfns(device_dir: str, numvfs: int | None = None) -> list[str]:
+    """A PF's VF addresses from its `virtfnN` links (`sriov_numvfs` of them, read unless given)."""
+    n = (read_int(f"{device_dir}/sriov_numvfs", 0) or 0) if numvfs is None else numvfs
+    return [v for v in (link_name(f"{device_dir}/virtfn{i}") for i in range(n)) if v]

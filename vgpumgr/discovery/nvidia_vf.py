@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from vgpumgr import ids
-from vgpumgr.discovery.fs import link_name, listdir, read, read_int
+from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
 from vgpumgr.discovery.mdev import enrich
 from vgpumgr.host import Host
 from vgpumgr.kinds import BACKEND_NVIDIA_VF
@@ -37,17 +37,8 @@ def vendor_vfs(host: Host, gpus: set[str] | None = None) -> list[str]:
     if gpus is None:
         candidates = listdir(base)
     else:
-        found = set()
-        for g in gpus:
-            if not ids.is_pci_address(g):
-                continue
-            found.add(g)
-            try:
-                found.update(os.path.basename(os.readlink(f"{base}/{g}/{n}"))
-                             for n in os.listdir(f"{base}/{g}") if n.startswith("virtfn"))
-            except OSError:
-                continue
-        candidates = sorted(found)
+        pcis = [g for g in gpus if ids.is_pci_address(g)]
+        candidates = sorted({*pcis, *(vf for g in pcis for vf in virtfns(f"{base}/{g}"))})
     return [a for a in candidates if os.path.exists(f"{base}/{a}/nvidia/current_vgpu_type")]
 
 
@@ -67,13 +58,14 @@ def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
     return out
 
 
-def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None, gpus: set[str] | None = None
-                      ) -> list[VfVgpu]:
-    """The VFs with a vGPU type set; with `gpus`, only the VFs of those physical GPUs."""
+def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None, gpus: set[str] | None = None,
+                      vfs: list[str] | None = None) -> list[VfVgpu]:
+    """The VFs with a vGPU type set; with `gpus`, only the VFs of those physical GPUs (`vfs`: their
+    `vendor_vfs`, when the caller has them already)."""
     from vgpumgr.model import VfVgpu
 
     out = []
-    for vf in vendor_vfs(host, gpus):
+    for vf in vendor_vfs(host, gpus) if vfs is None else vfs:
         d = f"{host.pci_devices}/{vf}"
         gpu = link_name(f"{d}/physfn") or vf
         if gpus is not None and gpu not in gpus:

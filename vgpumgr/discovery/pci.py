@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from vgpumgr.discovery.fs import link_name, listdir, read, read_int
+from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
 from vgpumgr.host import Host
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, Gpu, Sriov, unnamed
 
@@ -24,8 +24,7 @@ def read_function(host: Host, address: str, names: PciNames | None = None) -> Gp
     total = read_int(f"{d}/sriov_totalvfs")
     if total is not None:
         numvfs = read_int(f"{d}/sriov_numvfs", 0) or 0
-        vfs = [v for v in (link_name(f"{d}/virtfn{i}") for i in range(numvfs)) if v]
-        sriov = Sriov(totalvfs=total, numvfs=numvfs, vfs=vfs)
+        sriov = Sriov(totalvfs=total, numvfs=numvfs, vfs=virtfns(d, numvfs))
     backends = []
     if os.path.isdir(f"{d}/mdev_supported_types") and listdir(f"{d}/mdev_supported_types"):
         backends.append(BACKEND_MDEV)

@@ -149,18 +149,25 @@ class Context:
         from vgpumgr.discovery import nvidia_vf as vf_disc
         from vgpumgr.inventory import discover_types
 
+        touched = {g for g in gpus if g}
+        # The touched GPUs' vendor VFs are parents too, whether or not they listed types: one with a vGPU set
+        # lists none, and lists them again once it is cleared.
+        vendor_vfs = vf_disc.vendor_vfs(self.host, touched)
         parents = {t.parent for t in inv.types if t.gpu in gpus or (t.gpu is None and t.parent in gpus)}
+        parents.update(vendor_vfs)
         types = [t for t in inv.types if t.parent not in parents]
         for p in sorted(parents):
             types += discover_types(self.host, p, cache=self._type_cache)
         # Only the touched GPUs' devices are re-read; the rest of the host is as the snapshot saw it.
-        scope = {g for g in gpus if g} | parents
+        scope = touched | parents
         mdevs = [m for m in inv.mdevs if m.parent not in scope] + mdev_disc.discover_mdevs(self.host, scope)
-        vfs = [v for v in inv.vf_vgpus if v.gpu not in scope]
-        if vf_disc.vendor_vfs(self.host, scope):  # type names of the vendor VFs, only where there are some
+        found = vf_disc.discover_vf_vgpus(self.host, None, scope, vfs=vendor_vfs)
+        if found:  # their type names (a set type leaves the VF's creatable list): gathered only when needed
             names = {int(t.type[7:]): t.name for t in types if t.type.startswith("nvidia-")}
             names |= {int(v.type[7:]): v.name for v in inv.vf_vgpus if v.name}
-            vfs += vf_disc.discover_vf_vgpus(self.host, names, scope)
+            for v in found:  # new objects, not yet seen by any other snapshot
+                v.name = names.get(int(v.type[7:]))
+        vfs = [v for v in inv.vf_vgpus if v.gpu not in scope] + found
         # a new Inventory: placers of older snapshots may still be reading the old one in other threads
         return Inventory(gpus=inv.gpus, types=types, mdevs=sorted(mdevs, key=lambda m: m.uuid),
                          vf_vgpus=sorted(vfs, key=lambda v: v.address))

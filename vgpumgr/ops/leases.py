@@ -191,12 +191,11 @@ class ReapFirst(Exception):  # noqa: N818 - a signal to the caller, not an error
 
 def check_dead(svc: Context, live: list[Any]) -> None:
     """Raise ReapFirst when this host has dead reservations among `live` (`store.live_rows`, read by the
-    caller's transaction for placement too, so a clean host costs no query of its own). In flight are the
-    rows `store.in_flight` returns: owned ones and `reserved` ones."""
+    caller's transaction for placement too, so a clean host costs no query of its own)."""
     now = utcnow()
     for r in live:
-        if (r.owner_pid is not None or r.state == ALLOC_RESERVED) and \
-                not is_me(r.owner_boot, r.owner_pid, r.owner_started) and why_dead(svc, r, now) is not None:
+        if store.is_in_flight(r) and not is_me(r.owner_boot, r.owner_pid, r.owner_started) \
+                and why_dead(svc, r, now) is not None:
             raise ReapFirst
 
 
