@@ -15,8 +15,9 @@ State lives in one JSON file (`create_state` writes it) so separate processes se
        "heterogeneous_mode": 0, "scheduler": {"policy": 1, "arr": 0, "timeslice_ns": 0},
        "lost": false, "not_supported": ["nvmlDeviceGetSerial"]}]}
 
-`lost` makes every call on that GPU answer GpuIsLost; `not_supported` lists functions that answer
-NotSupported for it (error-path tests and demos).
+Running vGPUs (`vgpu_instances`, what NVML reports once a VM opened its vGPU) are described in
+`vgpumgr.sim.nvml_vgpus`. `lost` makes every call on that GPU answer GpuIsLost; `not_supported` lists
+functions that answer NotSupported for it (error-path tests and demos).
 
 Long because: it mirrors the part of pynvml's API surface that vgpumgr calls, function by function.
 """
@@ -37,6 +38,7 @@ from typing import Any
 import pynvml
 
 from vgpumgr import ids, mig
+from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
 STATE_VERSION = 1
 _LICENSE = {  # docs/nvidia-vgpu-facts.md §4.1
@@ -149,6 +151,7 @@ def reboot_state(state_path: str | os.PathLike[str]) -> dict[str, dict[str, Any]
                                     "heterogeneous_mode": gpu["heterogeneous_mode"]}
             gpu["gpu_instances"] = []
             gpu["heterogeneous_mode"] = 0
+            gpu["vgpu_instances"] = []  # every VM is gone
         _write(path, state)
     return lost
 
@@ -179,7 +182,7 @@ def _deref(ref: Any) -> Any:
     return obj
 
 
-class SimNvml:
+class SimNvml(VgpuInstances):
     """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
 
     def __init__(self, state_path: str | os.PathLike[str]) -> None:
