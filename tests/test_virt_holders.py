@@ -17,7 +17,8 @@ import pytest
 
 from vgpumgr import domain, virt, virt_holders
 from vgpumgr.domain import Hostdev, VmSpec
-from vgpumgr.virt import Virt, holder_check
+from vgpumgr.virt import Virt
+from vgpumgr.virt_holders import holder_check
 
 MDEV_A = "02cf755c-dcc5-5620-af1c-67549994f1ab"
 MDEV_B = "8f7c3c52-1d6e-4a3c-9f1e-2b0d7d5a9c10"

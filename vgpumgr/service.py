@@ -6,11 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from vgpumgr import audit, checkpoints
-from vgpumgr.config import Config
-from vgpumgr.db.session import ensure_schema, session_factory
+from vgpumgr.db.session import ensure_schema
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import hooks as hook_ops
@@ -24,7 +20,7 @@ from vgpumgr.ops.context import FAILED, OK, WARNING, Context, Snapshot, hostname
 from vgpumgr.ops.records import allocation_dict, hostdev_for, metadata_for
 
 __all__ = ["FAILED", "OK", "WARNING", "Service", "Snapshot", "allocation_dict", "ensure_schema", "hostdev_for",
-           "hostname", "metadata_for", "record_event"]
+           "hostname", "metadata_for"]
 
 
 class Service(Context):
@@ -65,13 +61,3 @@ class Service(Context):
 
     restore = restore_ops.restore
 
-
-def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None = None, vm: str | None = None,
-                 vgpu: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None) -> None:
-    """Audit a change made outside the allocation flow (manual mdev/VF/SR-IOV/vfio commands)."""
-    ensure_schema(cfg.db_url)
-    factory = session_factory(cfg.db_url)
-    checkpoints.attach(factory, checkpoints.Checkpointer.from_env(cfg.state_dir, hostname(), cfg.host.simulated))
-    with factory.begin() as s:
-        audit.append(s, actor=cfg.actor, action=action, outcome=outcome, host=hostname(), gpu=gpu, vm=vm,
-                     vgpu=vgpu, error=error, detail=detail)

@@ -14,7 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -382,10 +382,3 @@ def _edit_devices(domain_xml: str, device_xml: str, attach: bool) -> str:
                     devices.remove(hd)
     return etree.tostring(root, encoding="unicode")
 
-
-def holder_check(uri: str | None, state_dir: str | os.PathLike[str] | None, kind: str
-                 ) -> Callable[[str], list[str]]:
-    """The running libvirt domains that use an mdev UUID or PCI address, for the backends' removals."""
-    from vgpumgr.virt_holders import holder_check as check
-
-    return check(uri, state_dir, kind)

@@ -36,6 +36,17 @@ def hostname() -> str:
     return os.environ.get("VGPUMGR_HOSTNAME") or socket.gethostname()
 
 
+def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None = None, vm: str | None = None,
+                 vgpu: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None) -> None:
+    """Audit a change made outside the allocation flow (manual mdev/VF/SR-IOV/vfio commands)."""
+    ensure_schema(cfg.db_url)
+    factory = session_factory(cfg.db_url)
+    checkpoints.attach(factory, checkpoints.Checkpointer.from_env(cfg.state_dir, hostname(), cfg.host.simulated))
+    with factory.begin() as s:
+        audit.append(s, actor=cfg.actor, action=action, outcome=outcome, host=hostname(), gpu=gpu, vm=vm,
+                     vgpu=vgpu, error=error, detail=detail)
+
+
 @dataclass(frozen=True)
 class GpuRef:
     """A GPU row as far as an allocation and licensing.acquire read it."""
@@ -195,7 +206,7 @@ class Context:
         return Virt(self.cfg.libvirt_uri, state_dir=self.cfg.state_dir)
 
     def libvirt_holders(self, kind: str):  # noqa: ANN201
-        from vgpumgr.virt import holder_check
+        from vgpumgr.virt_holders import holder_check
 
         return holder_check(self.cfg.libvirt_uri, self.cfg.state_dir, kind)
 

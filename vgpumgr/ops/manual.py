@@ -18,7 +18,7 @@ from vgpumgr.model import Mdev, VgpuType
 
 
 def audited(cfg: Config, action: str, **kw: Any) -> None:
-    from vgpumgr.service import record_event
+    from vgpumgr.ops.context import record_event
 
     try:
         record_event(cfg, action, **kw)
@@ -38,7 +38,7 @@ def _boot_record(cfg: Config, what: str, *args: Any) -> None:
 
 
 def _libvirt_holders(cfg: Config, kind: str):  # noqa: ANN202
-    from vgpumgr.virt import holder_check
+    from vgpumgr.virt_holders import holder_check
 
     return holder_check(cfg.libvirt_uri, cfg.state_dir, kind)
 

@@ -11,7 +11,6 @@ mode that needs a GPU reset is reported, never acted on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from vgpumgr import ids
@@ -21,23 +20,9 @@ from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import boot_records
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
-from vgpumgr.ops.restore_steps import BLOCKED, FAILED_, PENDING, GpuRun
+from vgpumgr.ops.restore_steps import BLOCKED, FAILED_, PENDING, GpuRun, Want
 
 Progress = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class Want:
-    """What one GPU (or virtual mdev parent) should have."""
-
-    gpu: str
-    numvfs: int | None = None
-    numvfs_source: str = "records"
-    mig: bool = False
-    gis: list[boot_records.RecordedGi] = field(default_factory=list)
-    vf_types: dict[str, tuple[str, str]] = field(default_factory=dict)  # VF -> (type, "records"|"profile")
-    mdevs: list[dict[str, Any]] = field(default_factory=list)  # allocation dicts
-    owned_vfs: list[str] = field(default_factory=list)  # VFs whose type another manager (Proxmox) writes
 
 
 def restore(svc: Context, *, dry_run: bool = False, force: bool = False, profile: BootProfile | None = None,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.backends import mdev as mdev_backend
@@ -20,14 +21,27 @@ from vgpumgr.backends import nvidia_vf, sriov
 from vgpumgr.backends.common import wait_for
 from vgpumgr.discovery.fs import read, read_int
 from vgpumgr.errors import InvalidInput, NoCapacity, VgpuError
+from vgpumgr.ops import boot_records
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
-
-if TYPE_CHECKING:
-    from vgpumgr.ops.restore import Want
 
 OK_, DONE, PLANNED, UNKNOWN, BLOCKED, PENDING, FAILED_, SKIPPED = (
     "ok", "done", "planned", "unknown", "blocked", "pending", "failed", "skipped")
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
+
+
+@dataclass
+class Want:
+    """What one GPU (or virtual mdev parent) should have."""
+
+    gpu: str
+    numvfs: int | None = None
+    numvfs_source: str = "records"
+    mig: bool = False
+    gis: list[boot_records.RecordedGi] = field(default_factory=list)
+    vf_types: dict[str, tuple[str, str]] = field(default_factory=dict)  # VF -> (type, "records"|"profile")
+    mdevs: list[dict[str, Any]] = field(default_factory=list)  # allocation dicts
+    owned_vfs: list[str] = field(default_factory=list)  # VFs whose type another manager (Proxmox) writes
+
 
 
 class GpuRun:
