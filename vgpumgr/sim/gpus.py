@@ -9,7 +9,7 @@ from typing import Any
 
 from vgpumgr.mig import profile_for_type
 from vgpumgr.sim import catalog, rules
-from vgpumgr.sim.tree import SimTree, link, read_text, update, update_changed, vf_address, write
+from vgpumgr.sim.tree import SimTree, link, read_text, update, update_changed, vf_address
 
 # interfaces: how a GPU exposes vGPUs
 MDEV_PF = "mdev-pf"  # legacy: mdev types on the physical function (T4)
@@ -32,12 +32,12 @@ def add_gpu(tree: SimTree, address: str, spec: dict[str, Any]) -> None:
     d = tree.add_pci(address, vendor=spec["vendor"], device=spec["device"], subsys=spec["subsys"],
                      cls=spec.get("class", "0x030200"), numa=spec["numa"], driver=spec.get("driver"))
     if spec.get("totalvfs"):
-        write(d / "sriov_totalvfs", f"{spec['totalvfs']}\n")
-        write(d / "sriov_numvfs", "0\n")
-        write(d / "sriov_offset", "4\n")
-        write(d / "sriov_stride", "1\n")
-        write(d / "sriov_vf_device", f"{spec.get('vf_device', spec['device'])}\n")
-        write(d / "sriov_drivers_autoprobe", "1\n")
+        tree.attr(d / "sriov_totalvfs", f"{spec['totalvfs']}\n")
+        tree.attr(d / "sriov_numvfs", "0\n")
+        tree.attr(d / "sriov_offset", "4\n")
+        tree.attr(d / "sriov_stride", "1\n")
+        tree.attr(d / "sriov_vf_device", f"{spec.get('vf_device', spec['device'])}\n")
+        tree.attr(d / "sriov_drivers_autoprobe", "1\n")
     if spec["iface"] == MDEV_PF:
         tree.register_parent(address, d)
         for t in cat:
@@ -88,11 +88,11 @@ def enable_vfs(tree: SimTree, pf: str, count: int) -> None:
             for t in gpu["catalog"]:
                 tree.add_type(d, f"nvidia-{t['id']}", t["name"], _description(t), 0)
         elif gpu.get("iface") == NVIDIA_VF:
-            write(d / "nvidia/current_vgpu_type", "0\n")
-            write(d / "nvidia/creatable_vgpu_types", "ID    : vGPU Name\n")
-            write(d / "nvidia/vgpu_params", "\n")
-            write(d / "nvidia/placement_id", "Not Applicable\n")
-    write(pfdir / "sriov_numvfs", f"{count}\n")  # the callers refresh what is creatable afterwards
+            tree.attr(d / "nvidia/current_vgpu_type", "0\n")
+            tree.attr(d / "nvidia/creatable_vgpu_types", "ID    : vGPU Name\n")
+            tree.attr(d / "nvidia/vgpu_params", "\n")
+            tree.attr(d / "nvidia/placement_id", "Not Applicable\n")
+    tree.attr(pfdir / "sriov_numvfs", f"{count}\n")  # the callers refresh what is creatable afterwards
 
 
 def disable_vfs(tree: SimTree, pf: str) -> None:
@@ -106,7 +106,7 @@ def disable_vfs(tree: SimTree, pf: str) -> None:
             mb.unlink()
         tree.remove_pci(va)
         (pfdir / f"virtfn{i}").unlink()
-    write(pfdir / "sriov_numvfs", "0\n")
+    tree.attr(pfdir / "sriov_numvfs", "0\n")
 
 
 Layout = dict[str, list[str]]  # real dir of each function that holds vGPUs -> type dirs of its vGPUs

@@ -103,12 +103,14 @@ class KernelEmulator:
             self._current_vgpu_type(tree, os.path.dirname(parent), data)
         elif name == "driver_override":
             value = data.strip()
-            write(real, (value or "(null)") + "\n")
+            tree.attr(real, (value or "(null)") + "\n")
         elif name in ("bind", "unbind") and os.path.basename(os.path.dirname(parent)) == "drivers":
             self._bind(tree, os.path.basename(parent), name, data)
         elif name == "drivers_probe":
             self._probe(tree, data.strip())
-        else:
+        elif os.path.isfile(real) and not os.path.islink(real):
+            tree.attr(real, data)
+        else:  # a link or a directory: as the old open(O_TRUNC), which follows links and refuses directories
             write(real, data)
 
     # -- mdev -----------------------------------------------------------------------------------
@@ -206,7 +208,7 @@ class KernelEmulator:
             group = os.path.basename(os.readlink(f"{vfdir}/iommu_group"))
             if _held(tree.root, f"/dev/vfio/{group}") or _held(tree.root, vfdir):
                 raise _err(errno.EBUSY, "current_vgpu_type")
-            write(cur_file, "0\n")
+            tree.attr(cur_file, "0\n")
         else:
             if current != 0:
                 raise _err(errno.EPERM, "current_vgpu_type")
@@ -214,7 +216,7 @@ class KernelEmulator:
             ids = {int(line.split(":", 1)[0]) for line in creatable if ":" in line}
             if value not in ids:
                 raise _err(errno.EINVAL, "current_vgpu_type")
-            write(cur_file, f"{value}\n")
+            tree.attr(cur_file, f"{value}\n")
         pf = simgpus.physical_gpu_of(tree, vfdir)
         if pf:
             if value:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpumgr.sim import gpus as simgpus
-from vgpumgr.sim.tree import SimTree, update, write
+from vgpumgr.sim.tree import SimTree
 
 
 def reboot(root: Path) -> dict[str, Any]:
@@ -68,12 +68,13 @@ def _disable_vfs(tree: SimTree, address: str, report: dict[str, Any]) -> None:
     if numvfs:
         simgpus.disable_vfs(tree, address)
         report["vfs"][address] = numvfs
-    update(d / "sriov_drivers_autoprobe", "1\n")
+    if (d / "sriov_drivers_autoprobe").read_text() != "1\n":
+        tree.attr(d / "sriov_drivers_autoprobe", "1\n")
 
 
 def _default_driver(tree: SimTree, address: str, report: dict[str, Any]) -> None:
     d = tree.device_dir(address)
-    write(d / "driver_override", "(null)\n")
+    tree.attr(d / "driver_override", "(null)\n")
     default = tree.state["gpus"].get(address, {}).get("driver")
     current = os.path.basename(os.readlink(d / "driver")) if (d / "driver").is_symlink() else None
     if current == default:

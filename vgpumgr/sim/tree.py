@@ -3,6 +3,13 @@
 Real directories live under sys/devices/...; sys/bus/pci/devices, sys/class/mdev_bus,
 sys/bus/mdev/devices, iommu_groups and driver links are relative symlinks into them, exactly as on a
 host. The kernel emulator (kernel.py) uses the same helpers to apply the effects of writes.
+
+Attribute files are hard links to one file per value under VALUES_DIR (`SimTree.attr`): a host has
+thousands of attribute files but a few hundred values, and on a loaded ext4 a new inode costs up to a
+millisecond where a link costs ~25 us. Nothing writes a shared file in place: a new value is linked
+over the old name (rename(2), so a reader sees the old value or the new one), and the count files the
+emulator rewrites on every create and remove get a private inode on their first change and are then
+written in place (`update`, `update_changed`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from vgpumgr.host import SIM_MARKER
 
 NVIDIA = "10de"
 INTEL = "8086"
+VALUES_DIR = ".vgpumgr-sim-values"  # one file per attribute value, hard-linked from the tree
 
 
 def write(path: Path | str, content: str) -> None:
@@ -49,6 +57,9 @@ def update(path: Path | str, content: str) -> None:
     try:
         if os.read(fd, len(data) + 1) == data:
             return
+        if os.fstat(fd).st_nlink > 1:  # a shared value: never written in place
+            _replace_private(path, data)
+            return
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
     finally:
@@ -58,18 +69,34 @@ def update(path: Path | str, content: str) -> None:
 def update_changed(old: dict[str, str], new: dict[str, str]) -> None:
     """Rewrite the files whose value goes from `old` (what they hold, as the caller knows from the state they
     were derived from) to `new`. A value of the same length is overwritten in place without truncating, so a
-    concurrent reader never sees the file empty (as sysfs, whose reads never see half a value)."""
+    concurrent reader never sees the file empty (as sysfs, whose reads never see half a value); a file that
+    still shares its value with others gets its own inode first (once: afterwards it is written in place)."""
     for path, content in new.items():
         before = old.get(path)
         if before == content:
             continue
         data = content.encode()
-        same_length = before is not None and len(before.encode()) == len(data)
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | (0 if same_length else os.O_TRUNC))
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
+            if os.fstat(fd).st_nlink > 1:
+                _replace_private(path, data)
+                continue
+            if before is None or len(before.encode()) != len(data):
+                os.ftruncate(fd, 0)
             os.write(fd, data)
         finally:
             os.close(fd)
+
+
+def _replace_private(path: Path | str, data: bytes) -> None:
+    """Put a file of its own with `data` in place of `path` (a shared value), atomically."""
+    tmp = f"{path}.~sim-new"
+    fd = os.open(tmp, _NEW, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
 
 
 def read_text(path: str) -> str:
@@ -126,6 +153,32 @@ class SimTree:
         self._state: dict[str, Any] | None = state
         self._real_dirs: dict[str, str] = {} if real_dirs is None else real_dirs
         self.dirty = False
+        self.values = f"{self.root}/{VALUES_DIR}"
+
+    # -- attribute files ------------------------------------------------------------------------
+    def attr(self, path: Path | str, content: str) -> None:
+        """Create or replace the attribute file `path` with `content`, as a hard link to the file holding
+        that value (made on first use); a file already there is replaced atomically, never written."""
+        data = content.encode()
+        value = f"{self.values}/{_value_name(data)}"
+        target = os.fspath(path)
+        for _ in range(3):  # at most: make the value, make the directory, link
+            try:
+                os.link(value, target)
+                return
+            except FileExistsError:
+                if target.endswith(".~sim-new"):  # left by a writer that died between link and rename
+                    os.unlink(target)
+                    continue
+                self.attr(f"{target}.~sim-new", content)
+                os.rename(f"{target}.~sim-new", target)
+                return
+            except FileNotFoundError:
+                if not os.path.exists(value):
+                    _make_value(value, data)
+                else:
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.link(value, target)
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -185,21 +238,21 @@ class SimTree:
             else:
                 parent_dir = self.sys / f"devices/pci{dom:04x}:{bus - 1:02x}/{bdf(dom, bus - 1, 0, 0)}"
         d = parent_dir / address
-        write(d / "vendor", f"0x{vendor}\n")
-        write(d / "device", f"0x{device}\n")
-        write(d / "subsystem_vendor", f"0x{subsys[0]}\n")
-        write(d / "subsystem_device", f"0x{subsys[1]}\n")
-        write(d / "class", f"{cls}\n")
-        write(d / "numa_node", f"{numa}\n")
-        write(d / "driver_override", "(null)\n")
-        write(d / "reset_method", "flr\n")
-        write(d / "local_cpulist", "0-15\n" if numa <= 0 else "16-31\n")
+        self.attr(d / "vendor", f"0x{vendor}\n")
+        self.attr(d / "device", f"0x{device}\n")
+        self.attr(d / "subsystem_vendor", f"0x{subsys[0]}\n")
+        self.attr(d / "subsystem_device", f"0x{subsys[1]}\n")
+        self.attr(d / "class", f"{cls}\n")
+        self.attr(d / "numa_node", f"{numa}\n")
+        self.attr(d / "driver_override", "(null)\n")
+        self.attr(d / "reset_method", "flr\n")
+        self.attr(d / "local_cpulist", "0-15\n" if numa <= 0 else "16-31\n")
         link(self.sys / "bus/pci/devices" / address, d)
         group = self.new_iommu_group()
         gdir = self.sys / f"kernel/iommu_groups/{group}"
         link(d / "iommu_group", gdir)
         link(gdir / "devices" / address, d)
-        write(self.root / f"dev/vfio/.group-{group}", "")  # placeholder; /dev/vfio/<N> appears with vfio-pci
+        self.attr(self.root / f"dev/vfio/.group-{group}", "")  # placeholder; /dev/vfio/<N> appears with vfio-pci
         if driver:
             self.bind(address, driver)
         return d
@@ -208,7 +261,7 @@ class SimTree:
         ddir = self.sys / "bus/pci/drivers" / name
         for f in ("bind", "unbind", "new_id", "remove_id"):
             if not (ddir / f).exists():
-                write(ddir / f, "")
+                self.attr(ddir / f, "")
         return ddir
 
     def bind(self, address: str, driver: str) -> None:
@@ -218,7 +271,7 @@ class SimTree:
         link(ddir / address, d)
         if driver == "vfio-pci":
             group = int(os.path.basename(os.readlink(d / "iommu_group")))
-            write(self.root / f"dev/vfio/{group}", "")
+            self.attr(self.root / f"dev/vfio/{group}", "")
 
     def unbind(self, address: str) -> str | None:
         d = self.device_dir(address)
@@ -270,9 +323,9 @@ class SimTree:
             d = self.device_dir(address)
             link(d / "iommu_group", groups / str(n))
             link(groups / str(n) / "devices" / address, d)
-            write(vfio / f".group-{n}", "")
+            self.attr(vfio / f".group-{n}", "")
             if address in on_vfio:
-                write(vfio / str(n), "")
+                self.attr(vfio / str(n), "")
             if old[address] != n:
                 changed[address] = (old[address], n)
         return changed
@@ -291,13 +344,12 @@ class SimTree:
         if description is not None:
             files["description"] = description if description.endswith("\n") else description + "\n"
         for fname, content in files.items():
-            with open(os.path.join(t, fname), "w") as f:
-                f.write(content)
+            self.attr(os.path.join(t, fname), content)
 
     def add_virtual_parent(self, name: str) -> Path:
         pdir = self.sys / f"devices/virtual/{name}/{name}"
         pdir.mkdir(parents=True, exist_ok=True)
-        write(pdir / "uevent", "")
+        self.attr(pdir / "uevent", "")
         self.register_parent(name, pdir)
         return pdir
 
@@ -309,21 +361,21 @@ class SimTree:
         type_path = f"{pdir}/mdev_supported_types/{type_dir}"
         os.mkdir(m)
         link(f"{m}/mdev_type", type_path)
-        write(f"{m}/remove", "")
-        write(f"{m}/uevent", f"DRIVER={type_dir.split('-')[0]}\n")
+        self.attr(f"{m}/remove", "")
+        self.attr(f"{m}/uevent", f"DRIVER={type_dir.split('-')[0]}\n")
         group = self.new_iommu_group()
         gdir = f"{sys_dir}/kernel/iommu_groups/{group}"
         link(f"{m}/iommu_group", gdir)
         _mkdir(gdir)
         _mkdir(f"{gdir}/devices")
         link(f"{gdir}/devices/{uuid}", m)
-        write(f"{self.root}/dev/vfio/{group}", "")
+        self.attr(f"{self.root}/dev/vfio/{group}", "")
         link(f"{type_path}/devices/{uuid}", m)
         link(f"{sys_dir}/bus/mdev/devices/{uuid}", m)
         if type_dir.startswith("nvidia-"):
             _mkdir(f"{m}/nvidia")
-            write(f"{m}/nvidia/vgpu_params", "\n")
-            write(f"{m}/nvidia/vm_name", "\n")
+            self.attr(f"{m}/nvidia/vgpu_params", "\n")
+            self.attr(f"{m}/nvidia/vm_name", "\n")
         return m
 
     def remove_mdev(self, mdir: Path | str, group: str | None = None) -> str:
@@ -352,6 +404,37 @@ class SimTree:
             if len(e.name) == 36 and e.name.count("-") == 4 and e.is_dir(follow_symlinks=False):
                 out.append((e.name, os.path.basename(os.readlink(os.path.join(e.path, "mdev_type")))))
         return out
+
+
+def _value_name(data: bytes) -> str:
+    """The file name of a value: its bytes in hex when short, else a digest of them."""
+    if len(data) <= 48:
+        return "h" + data.hex()
+    import hashlib
+
+    return "s" + hashlib.sha256(data).hexdigest()
+
+
+def _make_value(value: str, data: bytes) -> None:
+    """Write a value file under a private name and link it into place, so no reader ever links or reads
+    half of one; a value another process made meanwhile is the same bytes."""
+    tmp = f"{value}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, _NEW, 0o644)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(value), exist_ok=True)
+        fd = os.open(tmp, _NEW, 0o644)
+    try:
+        if data:
+            os.write(fd, data)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, value)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
 
 
 def _mkdir(path: str) -> None:
