@@ -9,7 +9,9 @@ thousands of attribute files but a few hundred values, and on a loaded ext4 a ne
 millisecond where a link costs ~25 us. Nothing writes a shared file in place: a new value is linked
 over the old name (rename(2), so a reader sees the old value or the new one), and the count files the
 emulator rewrites on every create and remove get a private inode on their first change and are then
-written in place (`update`, `update_changed`).
+written in place (`update`, `update_changed`). The directories of disabled VFs are moved aside
+(`park_pci`) and moved back when the VFs are enabled again (`unpark_pci`), their files then written as
+for a new VF: a reboot and a restore move a directory instead of removing and making dozens.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from vgpumgr.host import SIM_MARKER
 NVIDIA = "10de"
 INTEL = "8086"
 VALUES_DIR = ".vgpumgr-sim-values"  # one file per attribute value, hard-linked from the tree
+PARKED_DIR = ".vgpumgr-sim-parked"  # directories of VFs that were disabled, kept for their return
 
 
 def write(path: Path | str, content: str) -> None:
@@ -122,8 +125,28 @@ def link(path: Path | str, target: Path | str) -> None:
     except FileExistsError:
         if not os.path.islink(path):
             raise
+        if os.readlink(path) == rel:
+            return
         os.unlink(path)
         os.symlink(rel, path)
+
+
+def pci_files(vendor: str, device: str, subsys: tuple[str, str], cls: str, numa: int) -> dict[str, str]:
+    """The attribute files of a PCI function the simulator makes, by name."""
+    return {"vendor": f"0x{vendor}\n", "device": f"0x{device}\n", "subsystem_vendor": f"0x{subsys[0]}\n",
+            "subsystem_device": f"0x{subsys[1]}\n", "class": f"{cls}\n", "numa_node": f"{numa}\n",
+            "driver_override": "(null)\n", "reset_method": "flr\n",
+            "local_cpulist": "0-15\n" if numa <= 0 else "16-31\n"}
+
+
+def type_files(name: str | None, description: str | None, available: int) -> dict[str, str]:
+    """The files of an mdev type directory (beside its devices/ directory), by name."""
+    files = {"device_api": "vfio-pci\n", "available_instances": f"{available}\n", "create": ""}
+    if name is not None:
+        files["name"] = f"{name}\n"
+    if description is not None:
+        files["description"] = description if description.endswith("\n") else description + "\n"
+    return files
 
 
 def bdf_split(address: str) -> tuple[int, int, int, int]:
@@ -170,6 +193,11 @@ class SimTree:
                 if target.endswith(".~sim-new"):  # left by a writer that died between link and rename
                     os.unlink(target)
                     continue
+                try:
+                    if os.lstat(target).st_ino == os.stat(value).st_ino:
+                        return  # already this value (a directory moved back, or an unchanged write)
+                except FileNotFoundError:
+                    pass
                 self.attr(f"{target}.~sim-new", content)
                 os.rename(f"{target}.~sim-new", target)
                 return
@@ -238,15 +266,8 @@ class SimTree:
             else:
                 parent_dir = self.sys / f"devices/pci{dom:04x}:{bus - 1:02x}/{bdf(dom, bus - 1, 0, 0)}"
         d = parent_dir / address
-        self.attr(d / "vendor", f"0x{vendor}\n")
-        self.attr(d / "device", f"0x{device}\n")
-        self.attr(d / "subsystem_vendor", f"0x{subsys[0]}\n")
-        self.attr(d / "subsystem_device", f"0x{subsys[1]}\n")
-        self.attr(d / "class", f"{cls}\n")
-        self.attr(d / "numa_node", f"{numa}\n")
-        self.attr(d / "driver_override", "(null)\n")
-        self.attr(d / "reset_method", "flr\n")
-        self.attr(d / "local_cpulist", "0-15\n" if numa <= 0 else "16-31\n")
+        for name, content in pci_files(vendor, device, subsys, cls, numa).items():
+            self.attr(d / name, content)
         link(self.sys / "bus/pci/devices" / address, d)
         group = self.new_iommu_group()
         gdir = self.sys / f"kernel/iommu_groups/{group}"
@@ -301,6 +322,35 @@ class SimTree:
         (self.sys / "bus/pci/devices" / address).unlink()
         _rmtree(d)
 
+    def park_pci(self, address: str, expected: set[str]) -> None:
+        """remove_pci for a VF whose device goes away (sriov_numvfs 0, a reboot): its directory is moved to
+        PARKED_DIR when it holds exactly `expected` (its entries without the driver link, relative to it),
+        else removed. Everything outside it (bus and group links, the IOMMU group) goes as in remove_pci."""
+        d = self.device_dir(address)
+        self.unbind(address)
+        group = os.path.basename(os.readlink(d / "iommu_group"))
+        _rmtree(self.sys / f"kernel/iommu_groups/{group}")
+        _unlink(f"{self.root}/dev/vfio/.group-{group}")
+        (self.sys / "bus/pci/devices" / address).unlink()
+        if _entries(os.fspath(d)) != expected:
+            _rmtree(d)
+            return
+        parked = f"{self.root}/{PARKED_DIR}/{address}"
+        _rmtree(parked)
+        try:
+            os.rename(d, parked)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(parked), exist_ok=True)
+            os.rename(d, parked)
+
+    def unpark_pci(self, address: str, parent_dir: Path) -> None:
+        """Move a parked VF directory back under `parent_dir`, if there is one; the caller then writes every
+        entry as for a new VF (attr and link leave what is already right alone)."""
+        try:
+            os.rename(f"{self.root}/{PARKED_DIR}/{address}", parent_dir / address)
+        except FileNotFoundError:
+            pass
+
     def renumber_iommu_groups(self) -> dict[str, tuple[int, int]]:
         """Number the groups as a boot does: the IOMMU driver meets the PCI functions in bus order and
         gives each the lowest free number, so the survivors of a reboot get first.., first+1, ... in
@@ -338,12 +388,7 @@ class SimTree:
                  available: int) -> None:
         t = os.path.join(pdir, "mdev_supported_types", type_dir)
         os.makedirs(os.path.join(t, "devices"), exist_ok=True)  # once, not per file: thousands of types per host
-        files = {"device_api": "vfio-pci\n", "available_instances": f"{available}\n", "create": ""}
-        if name is not None:
-            files["name"] = f"{name}\n"
-        if description is not None:
-            files["description"] = description if description.endswith("\n") else description + "\n"
-        for fname, content in files.items():
+        for fname, content in type_files(name, description, available).items():
             self.attr(os.path.join(t, fname), content)
 
     def add_virtual_parent(self, name: str) -> Path:
@@ -435,6 +480,15 @@ def _make_value(value: str, data: bytes) -> None:
         pass
     finally:
         os.unlink(tmp)
+
+
+def _entries(top: str) -> set[str]:
+    """Every entry under `top` (files, links, directories), as paths relative to it; links not followed."""
+    out: set[str] = set()
+    for d, dirs, files in os.walk(top):
+        rel = os.path.relpath(d, top)
+        out.update(n if rel == "." else f"{rel}/{n}" for n in dirs + files)
+    return out
 
 
 def _mkdir(path: str) -> None:
