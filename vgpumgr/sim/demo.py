@@ -28,6 +28,7 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
     saved = {k: os.environ.get(k) for k in ("VGPUMGR_SYSFS_ROOT", "VGPUMGR_LIBVIRT_URI", "VGPUMGR_DB",
                                             "VGPUMGR_STATE_DIR", "VGPUMGR_LICENCE_MODE")}
     step = 0
+    parsers: dict = {}  # each command's parser built once for the whole demo
 
     def say(text: str) -> None:
         out.write(f"\n== {text}\n")
@@ -38,7 +39,7 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
         step += 1
         out.write(f"$ vgpumgr {' '.join(shlex.quote(a) for a in argv)}\n")
         buf, err = io.StringIO(), io.StringIO()
-        rc = main(list(argv), out=buf, err=err)
+        rc = main(list(argv), out=buf, err=err, parsers=parsers)
         out.write(buf.getvalue())
         if err.getvalue():
             out.write(err.getvalue())
