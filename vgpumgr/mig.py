@@ -360,7 +360,7 @@ def mig_type_for_profile(types: Iterable[object], profile_name: str, series: str
     return candidates[0]
 
 
-# -- known profile tables (docs/nvidia-vgpu-facts.md §5.1) ----------------------------------------
+# -- known profile tables (sources: docs/sources.md §7) --------------------------------------------
 # Used by the simulated NVML and by tests; on hardware always ask NVML. Fields: enum index, name, ID,
 # compute slices, placement size, starts, instances, memory MB, SMs.
 _ROWS = tuple[tuple[int, str, int, int, int, tuple[int, ...], int, int, int], ...]

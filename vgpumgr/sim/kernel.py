@@ -1,8 +1,8 @@
 """Applies the effects of sysfs writes to a simulated tree with the real kernel's rules and errnos.
 
-Errnos follow what the real kernel returned in the mdev lab (../shared/mdev-lab/README.md §7, §10)
-and NVIDIA's vendor-VF driver (facts §2.2). Writes are serialised with a lock file, as the kernel
-serialises them.
+Errnos follow the Linux 6.1 sources and what the real kernel returned in the mdev lab (docs/sources.md §1, §2) and
+NVIDIA's vendor-VF driver (§4); where no source gives one, §17 says so. Writes are serialised with a lock file, as
+the kernel serialises them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`vgpumgr sim reboot`: what a host reboot (or an NVIDIA driver reload) takes away, and nothing more.
 
-From ../shared/docs/reboot-and-vendor-vf.md and nvidia-vgpu-facts.md §0.6, §1.4, §5.2:
+What is lost, and the sources for it, in docs/sources.md §11:
 - SR-IOV VFs are disabled (`sriov_numvfs` 0, no `virtfn*`, the VF functions gone): the NVIDIA driver
   does not enable them again, only `sriov-manage -e` (or a write of sriov_numvfs) does. With them go every
   VF's `current_vgpu_type` and every mdev on a VF.
