@@ -37,12 +37,12 @@ t_start = time.perf_counter()
 import vgpumgr.cli.main as cli
 from vgpumgr.sim import profiles
 real_main, real_create, steps = cli.main, profiles.create, []
-def timed_main(argv, out=None, err=None):
+def timed_main(argv, out=None, err=None, **kw):
     if argv[:1] == ["demo"]:
-        return real_main(argv, out=out, err=err)
+        return real_main(argv, out=out, err=err, **kw)
     t = time.perf_counter()
     try:
-        return real_main(argv, out=out, err=err)
+        return real_main(argv, out=out, err=err, **kw)
     finally:
         steps.append((" ".join(argv), time.perf_counter() - t))
 def timed_create(*a, **k):
@@ -53,8 +53,10 @@ def timed_create(*a, **k):
         steps.append(("(build the simulated mixed host)", time.perf_counter() - t))
 cli.main, profiles.create = timed_main, timed_create
 t0 = time.perf_counter()
-rc = real_main(["demo"], out=io.StringIO(), err=io.StringIO())
-print(json.dumps({"rc": rc, "start_s": t0 - t_start, "demo_s": time.perf_counter() - t0, "steps": steps}))
+err = io.StringIO()
+rc = real_main(["demo"], out=io.StringIO(), err=err)
+print(json.dumps({"rc": rc, "err": err.getvalue()[-2000:], "start_s": t0 - t_start,
+                  "demo_s": time.perf_counter() - t0, "steps": steps}))
 """
 
 
@@ -96,7 +98,10 @@ def run_once(dont_write: str, temperature: str) -> float:
 def step_times() -> dict:
     compile_bytecode()
     proc = subprocess.run([sys.executable, "-c", STEPS], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    if found["rc"] != 0:
+        raise SystemExit(f"the timed demo failed ({found['rc']}): {found['err']}")
+    return found
 
 
 def main() -> int:

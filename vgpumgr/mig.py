@@ -14,6 +14,8 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput, NoCapacity, NotFound
+from vgpumgr.mig_search import Index, popcount
+from vgpumgr.mig_search import free_starts as fast_free_starts
 
 _PROFILE_NAME = re.compile(
     r"^(?:MIG\s+)?(?P<slices>[1-8])g\.(?P<gb>[0-9]+)gb(?P<attr>\+me\.all|\+me|-me|\+gfx)?$"
@@ -154,7 +156,7 @@ def layout_problems(table: ProfileTable, layout: Sequence[Placed]) -> list[str]:
 
 
 def free_starts(table: ProfileTable, existing: Sequence[Placed], profile: Profile) -> list[int]:
-    return _free_starts(_Index.of(table), _Index.of(table).state(existing), profile)
+    return fast_free_starts(Index.of(table), Index.of(table).state(existing), profile)
 
 
 def best_start(table: ProfileTable, existing: Sequence[Placed], profile: Profile) -> int | None:
@@ -163,17 +165,17 @@ def best_start(table: ProfileTable, existing: Sequence[Placed], profile: Profile
     Score, lowest wins: (stranded free slices, -compute slices still reachable, -largest profile still
     placeable, start). None when the profile fits nowhere. Pure, so answers are remembered per table and
     layout (a simulated NVML asks the same question for every profile on every read)."""
-    index = _Index.of(table)
+    index = Index.of(table)
     state = index.state(existing)
     key = (state, profile.id, profile.size, profile.starts, profile.compute_slices, profile.max_instances)
     if key in index.best:
         return index.best[key]
     scored = []
-    for start in _free_starts(index, state, profile):
+    for start in fast_free_starts(index, state, profile):
         after = index.add(state, profile, start)
-        largest = max((p.compute_slices for p in table.profiles if _free_starts(index, after, p)), default=0)
+        largest = max((p.compute_slices for p in table.profiles if fast_free_starts(index, after, p)), default=0)
         reachable = index.reachable(after)
-        scored.append((_popcount(index.stranded_mask(after)), -reachable, -largest, start))
+        scored.append((popcount(index.stranded_mask(after)), -reachable, -largest, start))
     chosen = index.best[key] = min(scored)[-1] if scored else None
     return chosen
 
@@ -206,108 +208,15 @@ def plan(
 
 def stranded_slices(table: ProfileTable, existing: Sequence[Placed]) -> set[int]:
     """Free memory slices that no profile can use any more."""
-    index = _Index.of(table)
+    index = Index.of(table)
     mask = index.stranded_mask(index.state(existing))
     return {s for s in range(max(table.memory_slices, mask.bit_length())) if mask >> s & 1}
 
 
 def reachable_compute(table: ProfileTable, existing: Sequence[Placed]) -> int:
     """Most compute slices that could still be added (exhaustive, memoised; at most 8 memory slices)."""
-    index = _Index.of(table)
+    index = Index.of(table)
     return index.reachable(index.state(existing))
-
-
-# -- the planner's arithmetic ------------------------------------------------------------------------
-# A layout is reduced to what decides every later placement: the occupied memory slices as a bit mask,
-# the compute slices in use and the instances per profile. `placement_problem` explains a refusal in
-# words; these answer the same question (can `profile` start at `start`?) with integer operations, and
-# the searches over layouts remember their answers per table.
-
-_State = tuple[int, int, tuple[tuple[int, int], ...]]  # (occupied mask, compute used, (profile id, count)...)
-
-
-def _popcount(mask: int) -> int:
-    return bin(mask).count("1")
-
-
-def _span_mask(start: int, size: int) -> int:
-    return ((1 << size) - 1) << start if size > 0 else 0
-
-
-def _free_starts(index: _Index, state: _State, profile: Profile) -> list[int]:
-    """The starts where placement_problem() finds nothing wrong (same rules, same order of starts)."""
-    mask, used, counts = state
-    if dict(counts).get(profile.id, 0) >= profile.max_instances:
-        return []
-    if used + profile.compute_slices > index.compute_slices:
-        return []
-    return [s for s in profile.starts if not mask & _span_mask(s, profile.size)]
-
-
-class _Index:
-    """Per profile table: compute budget, compute slices by profile id, and the memoised searches."""
-
-    _tables: dict[ProfileTable, _Index] = {}
-
-    def __init__(self, table: ProfileTable) -> None:
-        self.table = table
-        self.compute_slices = table.compute_slices
-        self.compute_of: dict[int, int] = {}
-        for p in table.profiles:  # by_id() returns the first profile with an id
-            self.compute_of.setdefault(p.id, p.compute_slices)
-        self.all_slices = _span_mask(0, table.memory_slices)
-        self.reached: dict[_State, int] = {}
-        self.best: dict[tuple[Any, ...], int | None] = {}
-
-    @classmethod
-    def of(cls, table: ProfileTable) -> _Index:
-        index = cls._tables.get(table)
-        if index is None:
-            if len(cls._tables) > 64:  # tables come from NVML per GPU model: a handful per process
-                cls._tables.clear()
-            index = cls._tables[table] = cls(table)
-        return index
-
-    def state(self, layout: Sequence[Placed]) -> _State:
-        mask = used = 0
-        counts: dict[int, int] = {}
-        for gi in layout:
-            mask |= _span_mask(gi.start, gi.size)
-            used += self.compute_of.get(gi.profile_id, 0)
-            counts[gi.profile_id] = counts.get(gi.profile_id, 0) + 1
-        return mask, used, tuple(sorted(counts.items()))
-
-    def add(self, state: _State, profile: Profile, start: int) -> _State:
-        mask, used, counts = state
-        c = dict(counts)
-        c[profile.id] = c.get(profile.id, 0) + 1
-        return (mask | _span_mask(start, profile.size), used + self.compute_of.get(profile.id, 0),
-                tuple(sorted(c.items())))
-
-    def stranded_mask(self, state: _State) -> int:
-        mask = state[0]
-        free = self.all_slices & ~mask
-        coverable = 0
-        for p in self.table.profiles:
-            for s in _free_starts(self, state, p):
-                coverable |= _span_mask(s, p.size)
-        return free & ~coverable
-
-    def reachable(self, state: _State) -> int:
-        seen = self.reached
-        if state in seen:
-            return seen[state]
-        bound = self.compute_slices - state[1]
-        best = 0
-        for p in self.table.profiles:
-            for s in _free_starts(self, state, p):
-                best = max(best, p.compute_slices + self.reachable(self.add(state, p, s)))
-                if best >= bound:
-                    break
-            if best >= bound:
-                break
-        seen[state] = best
-        return best
 
 
 def _compute(table: ProfileTable, gi: Placed) -> int:

@@ -9,7 +9,8 @@ from typing import Any
 
 from vgpumgr.mig import profile_for_type
 from vgpumgr.sim import catalog, rules
-from vgpumgr.sim.tree import SimTree, link, pci_files, read_text, type_files, update, update_changed, vf_address
+from vgpumgr.sim.files import link, read_text, update, update_changed
+from vgpumgr.sim.tree import SimTree, pci_files, type_files, vf_address
 
 # interfaces: how a GPU exposes vGPUs
 MDEV_PF = "mdev-pf"  # legacy: mdev types on the physical function (T4)

@@ -18,7 +18,8 @@ from typing import Any
 from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import rules
-from vgpumgr.sim.tree import SimTree, read_text, update, update_changed, write
+from vgpumgr.sim.files import read_text, update, update_changed, write
+from vgpumgr.sim.tree import SimTree
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _READ_ONLY = {"available_instances", "name", "description", "device_api", "vendor", "device", "class",

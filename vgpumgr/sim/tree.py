@@ -4,12 +4,8 @@ Real directories live under sys/devices/...; sys/bus/pci/devices, sys/class/mdev
 sys/bus/mdev/devices, iommu_groups and driver links are relative symlinks into them, exactly as on a
 host. The kernel emulator (kernel.py) uses the same helpers to apply the effects of writes.
 
-Attribute files are hard links to one file per value under VALUES_DIR (`SimTree.attr`): a host has
-thousands of attribute files but a few hundred values, and on a loaded ext4 a new inode costs up to a
-millisecond where a link costs ~25 us. Nothing writes a shared file in place: a new value is linked
-over the old name (rename(2), so a reader sees the old value or the new one), and the count files the
-emulator rewrites on every create and remove get a private inode on their first change and are then
-written in place (`update`, `update_changed`). The directories of disabled VFs are moved aside
+Attribute files are hard links to one file per value under VALUES_DIR (`SimTree.attr`; sim/files.py says
+why and how they are written). The directories of disabled VFs are moved aside
 (`park_pci`) and moved back when the VFs are enabled again (`unpark_pci`), their files then written as
 for a new VF: a reboot and a restore move a directory instead of removing and making dozens.
 """
@@ -22,113 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from vgpumgr.host import SIM_MARKER
+from vgpumgr.sim.files import attr, entries, link, mkdir_quiet, remove_dir, rmtree, unlink_quiet
 
 NVIDIA = "10de"
 INTEL = "8086"
 VALUES_DIR = ".vgpumgr-sim-values"  # one file per attribute value, hard-linked from the tree
 PARKED_DIR = ".vgpumgr-sim-parked"  # directories of VFs that were disabled, kept for their return
-
-
-def write(path: Path | str, content: str) -> None:
-    """Create or overwrite a file with `content`: open(2) with O_TRUNC, one write(2), close(2), as
-    open(path, "w") would do, without the text layer's fstat, ioctl and lseek."""
-    data = content.encode()
-    try:
-        fd = os.open(path, _NEW, 0o666)
-    except FileNotFoundError:  # first file of a new directory: make it only then (keeps `sim create` fast)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, _NEW, 0o666)
-    try:
-        if data:
-            os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-
-
-def update(path: Path | str, content: str) -> None:
-    """Rewrite an existing attribute file only when its value changes (for callers that do not know what
-    it holds: one open and one read when unchanged)."""
-    data = content.encode()
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        if os.read(fd, len(data) + 1) == data:
-            return
-        if os.fstat(fd).st_nlink > 1:  # a shared value: never written in place
-            _replace_private(path, data)
-            return
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-    finally:
-        os.close(fd)
-
-
-def update_changed(old: dict[str, str], new: dict[str, str]) -> None:
-    """Rewrite the files whose value goes from `old` (what they hold, as the caller knows from the state they
-    were derived from) to `new`. A value of the same length is overwritten in place without truncating, so a
-    concurrent reader never sees the file empty (as sysfs, whose reads never see half a value); a file that
-    still shares its value with others gets its own inode first (once: afterwards it is written in place)."""
-    for path, content in new.items():
-        before = old.get(path)
-        if before == content:
-            continue
-        data = content.encode()
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            if os.fstat(fd).st_nlink > 1:
-                _replace_private(path, data)
-                continue
-            if before is None or len(before.encode()) != len(data):
-                os.ftruncate(fd, 0)
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-
-
-def _replace_private(path: Path | str, data: bytes) -> None:
-    """Put a file of its own with `data` in place of `path` (a shared value), atomically."""
-    tmp = f"{path}.~sim-new"
-    fd = os.open(tmp, _NEW, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-
-
-def read_text(path: str) -> str:
-    """A small attribute file's content: open, read, close (Path.read_text adds fstat, ioctl, lseek)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = [os.read(fd, 4096)]
-        while len(chunks[-1]) == 4096:
-            chunks.append(os.read(fd, 4096))
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
-
-
-def link(path: Path | str, target: Path | str) -> None:
-    """A relative symlink, as sysfs has them (replacing one that is there)."""
-    rel = os.path.relpath(target, os.path.dirname(path))
-    try:
-        os.symlink(rel, path)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.symlink(rel, path)
-    except FileExistsError:
-        if not os.path.islink(path):
-            raise
-        if os.readlink(path) == rel:
-            return
-        os.unlink(path)
-        os.symlink(rel, path)
 
 
 def pci_files(vendor: str, device: str, subsys: tuple[str, str], cls: str, numa: int) -> dict[str, str]:
@@ -180,33 +75,8 @@ class SimTree:
 
     # -- attribute files ------------------------------------------------------------------------
     def attr(self, path: Path | str, content: str) -> None:
-        """Create or replace the attribute file `path` with `content`, as a hard link to the file holding
-        that value (made on first use); a file already there is replaced atomically, never written."""
-        data = content.encode()
-        value = f"{self.values}/{_value_name(data)}"
-        target = os.fspath(path)
-        for _ in range(3):  # at most: make the value, make the directory, link
-            try:
-                os.link(value, target)
-                return
-            except FileExistsError:
-                if target.endswith(".~sim-new"):  # left by a writer that died between link and rename
-                    os.unlink(target)
-                    continue
-                try:
-                    if os.lstat(target).st_ino == os.stat(value).st_ino:
-                        return  # already this value (a directory moved back, or an unchanged write)
-                except FileNotFoundError:
-                    pass
-                self.attr(f"{target}.~sim-new", content)
-                os.rename(f"{target}.~sim-new", target)
-                return
-            except FileNotFoundError:
-                if not os.path.exists(value):
-                    _make_value(value, data)
-                else:
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
-        os.link(value, target)
+        """Create or replace the attribute file `path` with `content` (a link to the file of that value)."""
+        attr(self.values, path, content)
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -315,12 +185,12 @@ class SimTree:
         self.unbind(address)
         group = os.path.basename(os.readlink(d / "iommu_group"))
         gdir = self.sys / f"kernel/iommu_groups/{group}"
-        _rmtree(gdir)
+        rmtree(gdir)
         ph = self.root / f"dev/vfio/.group-{group}"
         if ph.exists():
             ph.unlink()
         (self.sys / "bus/pci/devices" / address).unlink()
-        _rmtree(d)
+        rmtree(d)
 
     def park_pci(self, address: str, expected: set[str]) -> None:
         """remove_pci for a VF whose device goes away (sriov_numvfs 0, a reboot): its directory is moved to
@@ -329,14 +199,14 @@ class SimTree:
         d = self.device_dir(address)
         self.unbind(address)
         group = os.path.basename(os.readlink(d / "iommu_group"))
-        _rmtree(self.sys / f"kernel/iommu_groups/{group}")
-        _unlink(f"{self.root}/dev/vfio/.group-{group}")
+        rmtree(self.sys / f"kernel/iommu_groups/{group}")
+        unlink_quiet(f"{self.root}/dev/vfio/.group-{group}")
         (self.sys / "bus/pci/devices" / address).unlink()
-        if _entries(os.fspath(d)) != expected:
-            _rmtree(d)
+        if entries(os.fspath(d)) != expected:
+            rmtree(d)
             return
         parked = f"{self.root}/{PARKED_DIR}/{address}"
-        _rmtree(parked)
+        rmtree(parked)
         try:
             os.rename(d, parked)
         except FileNotFoundError:
@@ -363,7 +233,7 @@ class SimTree:
         on_vfio = {a for a in devices if (self.device_dir(a) / "driver").is_symlink()
                    and os.path.basename(os.readlink(self.device_dir(a) / "driver")) == "vfio-pci"}
         for g in os.listdir(groups):  # a boot starts with no groups and no /dev/vfio nodes but the container
-            _rmtree(groups / g)
+            rmtree(groups / g)
         for node in os.listdir(vfio):
             if node != "vfio":
                 (vfio / node).unlink()
@@ -411,14 +281,14 @@ class SimTree:
         group = self.new_iommu_group()
         gdir = f"{sys_dir}/kernel/iommu_groups/{group}"
         link(f"{m}/iommu_group", gdir)
-        _mkdir(gdir)
-        _mkdir(f"{gdir}/devices")
+        mkdir_quiet(gdir)
+        mkdir_quiet(f"{gdir}/devices")
         link(f"{gdir}/devices/{uuid}", m)
         self.attr(f"{self.root}/dev/vfio/{group}", "")
         link(f"{type_path}/devices/{uuid}", m)
         link(f"{sys_dir}/bus/mdev/devices/{uuid}", m)
         if type_dir.startswith("nvidia-"):
-            _mkdir(f"{m}/nvidia")
+            mkdir_quiet(f"{m}/nvidia")
             self.attr(f"{m}/nvidia/vgpu_params", "\n")
             self.attr(f"{m}/nvidia/vm_name", "\n")
         return m
@@ -435,11 +305,11 @@ class SimTree:
         gdir = f"{self.sys}/kernel/iommu_groups/{group}"
         for p in (f"{parent}/mdev_supported_types/{type_dir}/devices/{uuid}", f"{self.sys}/bus/mdev/devices/{uuid}",
                   f"{self.root}/dev/vfio/{group}", f"{gdir}/devices/{uuid}"):
-            _unlink(p)
-        _remove_dir(gdir, ("devices",))
+            unlink_quiet(p)
+        remove_dir(gdir, ("devices",))
         for name in ("mdev_type", "remove", "uevent", "iommu_group", "nvidia/vgpu_params", "nvidia/vm_name"):
-            _unlink(f"{mdir}/{name}")
-        _remove_dir(mdir, ("nvidia",))
+            unlink_quiet(f"{mdir}/{name}")
+        remove_dir(mdir, ("nvidia",))
         return type_dir
 
     def mdevs_of(self, pdir: Path | str) -> list[tuple[str, str]]:
@@ -449,89 +319,3 @@ class SimTree:
             if len(e.name) == 36 and e.name.count("-") == 4 and e.is_dir(follow_symlinks=False):
                 out.append((e.name, os.path.basename(os.readlink(os.path.join(e.path, "mdev_type")))))
         return out
-
-
-def _value_name(data: bytes) -> str:
-    """The file name of a value: its bytes in hex when short, else a digest of them."""
-    if len(data) <= 48:
-        return "h" + data.hex()
-    import hashlib
-
-    return "s" + hashlib.sha256(data).hexdigest()
-
-
-def _make_value(value: str, data: bytes) -> None:
-    """Write a value file under a private name and link it into place, so no reader ever links or reads
-    half of one; a value another process made meanwhile is the same bytes."""
-    tmp = f"{value}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, _NEW, 0o644)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(value), exist_ok=True)
-        fd = os.open(tmp, _NEW, 0o644)
-    try:
-        if data:
-            os.write(fd, data)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, value)
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
-
-
-def _entries(top: str) -> set[str]:
-    """Every entry under `top` (files, links, directories), as paths relative to it; links not followed."""
-    out: set[str] = set()
-    for d, dirs, files in os.walk(top):
-        rel = os.path.relpath(d, top)
-        out.update(n if rel == "." else f"{rel}/{n}" for n in dirs + files)
-    return out
-
-
-def _mkdir(path: str) -> None:
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _remove_dir(path: str, subdirs: tuple[str, ...]) -> None:
-    """rmdir the (expected empty) subdirectories and then `path`; whatever else is in them goes as _rmtree."""
-    try:
-        for sub in subdirs:
-            try:
-                os.rmdir(f"{path}/{sub}")
-            except FileNotFoundError:
-                pass
-        os.rmdir(path)
-    except OSError:
-        _rmtree(path)
-
-
-def _rmtree(p: Path | str) -> None:
-    """Remove a file, link or directory tree (without following links); nothing if it is not there."""
-    try:
-        os.unlink(p)
-        return
-    except FileNotFoundError:
-        return
-    except (IsADirectoryError, PermissionError):  # a directory (EISDIR on Linux, EPERM elsewhere)
-        pass
-    for e in os.scandir(p):
-        if e.is_dir(follow_symlinks=False):
-            _rmtree(e.path)
-        else:
-            os.unlink(e.path)
-    os.rmdir(p)
-
-
