@@ -173,7 +173,9 @@ def demo_rows(runs: int) -> list[Row]:
         return [skipped(what, "<= 3.0 s", why)]
     cases = "; ".join(f"{k.removeprefix('PYTHONDONTWRITEBYTECODE ')} {v:.2f}" for k, v in r["median_s"].items())
     return [at_most(what, r["slowest_median_s"], r["target_s"], "s", ".2f",
-                    f" (medians of {r['runs']}: {cases})")]
+                    f" (medians of {r['runs']}: {cases})"),
+            Row(f"  the same with its host on disk (--dir under {r['on_disk_dir']}), unset, warm",
+                f"{r['on_disk_median_s']:.2f} s", "-", "-", "info")]
 
 
 def table(rows: list[Row]) -> str:
