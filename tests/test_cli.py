@@ -238,3 +238,27 @@ def test_mdev_remove_refuses_while_a_running_libvirt_domain_uses_it(tmp_path: Pa
     svc.stop_vm("web1")  # a stopped domain holds nothing in the kernel
     rc, _, err = run("--sysfs-root", str(host.root), "mdev", "remove", uuid)
     assert rc == 0, err
+
+
+def test_the_demo_builds_its_host_in_ram_unless_told_otherwise(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    from vgpumgr.sim import demo
+
+    ram, elsewhere = tmp_path / "shm", tmp_path / "tmp"
+    ram.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setattr(demo, "RAM_DIR", str(ram))
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))  # tempfile's default folder
+    monkeypatch.delenv("TMPDIR", raising=False)
+    assert demo.scratch_dir().parent == ram
+    monkeypatch.setattr(demo, "RAM_DIR_MIN_FREE", 1 << 62)  # no room there: the ordinary temporary folder
+    assert demo.scratch_dir().parent == elsewhere
+    monkeypatch.undo()
+    monkeypatch.setattr(demo, "RAM_DIR", str(ram))
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
+    monkeypatch.setenv("TMPDIR", str(elsewhere))  # the user's choice wins
+    assert demo.scratch_dir().parent == elsewhere
+    monkeypatch.setattr(demo, "RAM_DIR", str(tmp_path / "missing"))
+    monkeypatch.delenv("TMPDIR")
+    assert demo.scratch_dir().parent == elsewhere
