@@ -2,7 +2,7 @@
 """Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
 comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
 
-    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery]
+    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo]
 
 Takes about 2-3 minutes (`--quick`: about one). The benchmarks are the scripts beside this one, run as
 separate processes with --json; a benchmark that cannot run (no PostgreSQL, no virt-install, no root for
@@ -166,6 +166,18 @@ def discovery_rows(runs: int) -> list[Row]:
     return rows
 
 
+def demo_rows(runs: int) -> list[Row]:
+    what = "`vgpumgr demo`, whole process, slowest of cold/warm x PYTHONDONTWRITEBYTECODE set/unset"
+    r, why = bench("bench_demo.py", "--runs", str(runs), timeout=600)
+    if r is None:
+        return [skipped(what, "<= 3.0 s", why)]
+    cases = "; ".join(f"{k.removeprefix('PYTHONDONTWRITEBYTECODE ')} {v:.2f}" for k, v in r["median_s"].items())
+    return [at_most(what, r["slowest_median_s"], r["target_s"], "s", ".2f",
+                    f" (medians of {r['runs']}: {cases})"),
+            Row(f"  the same with its host on disk (--dir under {r['on_disk_dir']}), unset, warm",
+                f"{r['on_disk_median_s']:.2f} s", "-", "-", "info")]
+
+
 def table(rows: list[Row]) -> str:
     head = Row("what", "measured", "target", "ratio", "verdict")
     cols = list(zip(*[(r.what, r.measured, r.target, r.ratio, r.verdict) for r in [head, *rows]], strict=True))
@@ -182,7 +194,7 @@ def table(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
-    ap.add_argument("--only", default="allocate,floor,api,vm,discovery", help="comma-separated subset")
+    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo", help="comma-separated subset")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -198,6 +210,8 @@ def main() -> int:
         rows += vm_rows(5 if a.quick else 15)
     if "discovery" in only:
         rows += discovery_rows(5 if a.quick else 15)
+    if "demo" in only:
+        rows += demo_rows(1 if a.quick else 3)
     if a.json:
         print(json.dumps([r.__dict__ for r in rows]))
     else:

@@ -1,4 +1,4 @@
-"""Inventories for placement tests, modelled on the hosts in docs/nvidia-vgpu-facts.md.
+"""Inventories for placement tests, modelled on the boards of docs/sources.md §6.2.
 
 `HostBuilder` adds GPUs with real type ids and names, adds vGPUs, and `build()` renders what the
 driver would list at that moment (a small, independent simulation of the listing rules): legacy
@@ -31,7 +31,7 @@ GVTG_TYPES = [("i915-GVTg_V5_8", 2), ("i915-GVTg_V5_4", 1), ("i915-GVTg_V5_2", 1
 
 
 def vf_addresses(pf: str, count: int) -> list[str]:
-    """VFs start at function 4 of the PF's bus, stride 1 (facts §1.4)."""
+    """VFs start at function 4 of the PF's bus, stride 1 (docs/sources.md §2)."""
     domain, bus, _ = pf.split(":")
     out = []
     for n in range(count):

@@ -136,12 +136,25 @@ def test_token_commands(tmp_path: Path) -> None:
     assert e.value.code == 2
 
 
+def demo_text(out: str, demo_dir: str) -> str:
+    """The demo's output with what differs from run to run replaced: its folder, UUIDs, hashes and key ids,
+    times and durations."""
+    import re
+
+    out = out.replace(demo_dir, "DIR")
+    out = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID", out)
+    out = re.sub(r"[0-9a-f]{16,64}", "HEX", out)
+    out = re.sub(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}[T ][0-9:.+Z-]*", "TIME", out)
+    return re.sub(r"in [0-9.]+ s", "in N s", out)
+
+
 def test_demo_runs_the_main_job(tmp_path: Path) -> None:
     rc, out, err = run("demo", "--dir", str(tmp_path / "demo"))
     assert rc == 0, err + out
     for marker in ("$ vgpumgr vm create web1 --vgpu T4-4Q", "VM ml1 defined", "no free vWS licence seat",
                    "restore: ", "recorded vGPUs missing on the host: 0", "audit chain intact", "demo finished"):
         assert marker in out
+    golden("demo.txt", demo_text(out, str(tmp_path / "demo")))  # the same steps and output, whatever its speed
 
 
 def test_print_xml_is_a_dry_run_without_database_or_libvirt(tmp_path: Path) -> None:
@@ -225,3 +238,27 @@ def test_mdev_remove_refuses_while_a_running_libvirt_domain_uses_it(tmp_path: Pa
     svc.stop_vm("web1")  # a stopped domain holds nothing in the kernel
     rc, _, err = run("--sysfs-root", str(host.root), "mdev", "remove", uuid)
     assert rc == 0, err
+
+
+def test_the_demo_builds_its_host_in_ram_unless_told_otherwise(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    from vgpumgr.sim import demo
+
+    ram, elsewhere = tmp_path / "shm", tmp_path / "tmp"
+    ram.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setattr(demo, "RAM_DIR", str(ram))
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))  # tempfile's default folder
+    monkeypatch.delenv("TMPDIR", raising=False)
+    assert demo.scratch_dir().parent == ram
+    monkeypatch.setattr(demo, "RAM_DIR_MIN_FREE", 1 << 62)  # no room there: the ordinary temporary folder
+    assert demo.scratch_dir().parent == elsewhere
+    monkeypatch.undo()
+    monkeypatch.setattr(demo, "RAM_DIR", str(ram))
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
+    monkeypatch.setenv("TMPDIR", str(elsewhere))  # the user's choice wins
+    assert demo.scratch_dir().parent == elsewhere
+    monkeypatch.setattr(demo, "RAM_DIR", str(tmp_path / "missing"))
+    monkeypatch.delenv("TMPDIR")
+    assert demo.scratch_dir().parent == elsewhere

@@ -211,3 +211,70 @@ def test_allocation_filters(db_session, host) -> None:
     assert ids(parent="0000:5e:00.0", vm="web") == [a2.id]
     with pytest.raises(InvalidInput):
         ids(state="gone")
+
+
+def _sqlite_file(url: str) -> str:
+    return url.removeprefix("sqlite:///")
+
+
+def test_the_sqlite_snapshot_is_what_the_migrations_build(tmp_path) -> None:
+    """migrations/sqlite-head.sql equals a dump of a database Alembic brought to head, statement by statement."""
+    import sqlite3
+
+    from vgpumgr.db import snapshot
+
+    url = f"sqlite:///{tmp_path}/alembic.db"
+    dbs.upgrade(url)
+    dbs.dispose_engine(url)
+    conn = sqlite3.connect(_sqlite_file(url))
+    try:
+        dumped = snapshot.dump(conn, dbs.head_revision())
+    finally:
+        conn.close()
+    assert snapshot.path().read_text() == dumped, (
+        "migrations/sqlite-head.sql is out of date: run `.venv/bin/python -m vgpumgr.db.snapshot`")
+    assert snapshot.statements(dumped)[0] == dbs.SCHEMA_REVISION
+
+
+def test_a_new_sqlite_database_gets_its_schema_from_the_snapshot(tmp_path, monkeypatch) -> None:
+    import sqlite3
+
+    made = f"sqlite:///{tmp_path}/made.db"
+    with monkeypatch.context() as m:
+        m.setattr(dbs, "upgrade", lambda *_: pytest.fail("a new SQLite database went through Alembic"))
+        dbs.ensure_schema(made)
+    assert dbs.current_revision(made) == dbs.head_revision()
+    with dbs.get_engine(made).connect() as conn:
+        opts = {"compare_type": True,
+                "include_name": lambda name, kind, _parent: kind != "table" or name in Base.metadata.tables}
+        assert compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata) == []
+        assert conn.execute(text("SELECT seq, hash FROM audit_head")).all() == [(0, "0" * 64)]
+    reference = f"sqlite:///{tmp_path}/alembic.db"
+    dbs.upgrade(reference)
+    for url in (made, reference):
+        dbs.dispose_engine(url)
+    schema = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+    a, b = (sqlite3.connect(_sqlite_file(u)) for u in (made, reference))
+    try:
+        assert a.execute(schema).fetchall() == b.execute(schema).fetchall()
+        for (table,) in b.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            assert a.execute(f'SELECT * FROM "{table}"').fetchall() == b.execute(f'SELECT * FROM "{table}"').fetchall()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_snapshot_is_used_only_on_an_empty_database_of_its_revision(tmp_path, monkeypatch) -> None:
+    from vgpumgr.db import snapshot
+
+    other = tmp_path / "other.sql"  # a snapshot of another revision (a new migration, not yet written out)
+    other.write_text(snapshot.path().read_text().replace(dbs.SCHEMA_REVISION, "0000_other", 1))
+    url = f"sqlite:///{tmp_path}/v.db"
+    engine = dbs.get_engine(url)
+    monkeypatch.setattr(snapshot, "path", lambda: other)
+    assert snapshot.create_if_empty(engine, dbs.SCHEMA_REVISION) is False
+    dbs.ensure_schema(url)  # through Alembic
+    assert dbs.current_revision(url) == dbs.SCHEMA_REVISION
+    monkeypatch.undo()
+    assert snapshot.create_if_empty(engine, dbs.SCHEMA_REVISION) is False  # tables exist: left alone
+    dbs.dispose_engine(url)

@@ -1,12 +1,12 @@
 """The Proxmox hookscript run as qemu-server runs it, for the three kinds of config: a legacy mdev card, a
 single NVIDIA vendor-specific VF, and a resource mapping of several VFs.
 
-`QemuServer` replays what qemu-server 8.2.5+ does around the hook phases (see
-shared/docs/reboot-and-vendor-vf.md): pre-start hook; choose the first candidate VF that is neither reserved
-nor in use, reserve it in pci-id-reservations, write 0 then N to its current_vgpu_type (legacy: create the mdev
-with its UUID scheme unless it exists); QEMU runs (reservation now `pid:`); post-start hook. At stop: cleanup
-writes 0 again (legacy: removes the mdev) and drops the reservation, then the post-stop hook. Its sysfs writes
-go through the simulated kernel, as Proxmox's go to the real one. Every step is logged, in order.
+`QemuServer` replays what qemu-server 8.2.5+ does around the hook phases (docs/sources.md §13, from qemu-server's
+`PVE/QemuServer.pm` and `PVE/QemuServer/PCI.pm`): pre-start hook; choose the first candidate VF that is neither
+reserved nor in use, reserve it in pci-id-reservations, write 0 then N to its current_vgpu_type (legacy: create
+the mdev with its UUID scheme unless it exists); QEMU runs (reservation now `pid:`); post-start hook. At stop:
+cleanup writes 0 again (legacy: removes the mdev) and drops the reservation, then the post-stop hook. Its sysfs
+writes go through the simulated kernel, as Proxmox's go to the real one. Every step is logged, in order.
 """
 
 from __future__ import annotations

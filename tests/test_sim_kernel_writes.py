@@ -195,3 +195,39 @@ def test_processes_writing_one_gpu_leave_its_counts_right(tmp_path: Path) -> Non
     assert before[
         "sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/mdev_supported_types/nvidia-232/available_instances"] == "3\n"
     assert derived_from_scratch(host) == before
+
+
+@pytest.mark.parametrize("profile, pf", [("a40-sriov", "0000:41:00.0"), ("l40s-vfio", "0000:3d:00.0"),
+                                         ("a100-mig", "0000:65:00.0")])
+def test_vfs_disabled_and_enabled_again_are_as_new(tmp_path: Path, profile: str, pf: str) -> None:
+    """A disabled VF's directory is kept aside and moved back when the VF returns: the tree is then the one a
+    fresh build gives, whatever the VFs went through before (driver changes, vGPUs, mdevs)."""
+    host = make(tmp_path, profile, vfs=4)
+    fresh = tree_snapshot(host.root)
+    vfs = sorted(a for a in os.listdir(host.pci_devices) if (host.pci(a) / "physfn").is_symlink())
+    host.write(host.pci(vfs[0]) / "driver_override", "vfio-pci")
+    if (host.pci(vfs[1]) / "nvidia/current_vgpu_type").exists():
+        host.write(host.pci(vfs[1]) / "nvidia/current_vgpu_type", str(creatable_ids(host, vfs[1])[0]))
+    else:
+        types = sorted(os.listdir(host.mdev_bus / vfs[1] / "mdev_supported_types"))
+        free = [t for t in types if int(
+            (host.mdev_bus / vfs[1] / "mdev_supported_types" / t / "available_instances").read_text())]
+        if free:  # (the A100 has MIG on and no GPU instance: nothing is creatable)
+            host.write(host.mdev_type(vfs[1], free[0]) / "create", str(uuidlib.uuid4()))
+    host.write(host.pci(pf) / "sriov_numvfs", "0")
+    parked = host.root / ".vgpumgr-sim-parked"
+    assert sorted(os.listdir(parked)) == vfs  # kept aside, out of sys/
+    host.write(host.pci(pf) / "sriov_numvfs", "4")
+    assert tree_snapshot(host.root) == fresh
+    assert not os.listdir(parked)
+
+
+def test_a_vf_directory_holding_anything_else_is_not_kept(tmp_path: Path) -> None:
+    host = make(tmp_path, "l40s-vfio", vfs=2)
+    fresh = tree_snapshot(host.root)
+    (host.pci("0000:3d:00.4") / "power").mkdir()  # something the simulator did not make
+    (host.pci("0000:3d:00.5") / "nvidia/extra").write_text("x\n")
+    host.write(host.pci("0000:3d:00.0") / "sriov_numvfs", "0")
+    assert not (host.root / ".vgpumgr-sim-parked").exists()
+    host.write(host.pci("0000:3d:00.0") / "sriov_numvfs", "2")
+    assert tree_snapshot(host.root) == fresh

@@ -1,4 +1,4 @@
-"""`vgpumgr sim reboot` takes away what a real reboot takes away (reboot-and-vendor-vf.md), per profile."""
+"""`vgpumgr sim reboot` takes away what a real reboot takes away (docs/sources.md §11), per profile."""
 
 from __future__ import annotations
 

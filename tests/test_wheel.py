@@ -80,6 +80,7 @@ def test_imports_come_from_the_wheel(installed: Path, tmp_path: Path) -> None:
         value = found[key][0] if isinstance(found[key], list) else found[key]
         assert value.startswith(venv), f"{key} resolved to {value}, outside the wheel's venv"
     assert not Path(found["migrations"]).is_symlink() and (Path(found["migrations"]) / "env.py").is_file()
+    assert (Path(found["migrations"]) / "sqlite-head.sql").is_file()  # a new SQLite database's schema
 
 
 def test_demo_and_db_upgrade(installed: Path, tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput, NoCapacity, NotFound
+from vgpumgr.mig_search import Index, popcount
+from vgpumgr.mig_search import free_starts as fast_free_starts
 
 _PROFILE_NAME = re.compile(
     r"^(?:MIG\s+)?(?P<slices>[1-8])g\.(?P<gb>[0-9]+)gb(?P<attr>\+me\.all|\+me|-me|\+gfx)?$"
@@ -154,22 +156,28 @@ def layout_problems(table: ProfileTable, layout: Sequence[Placed]) -> list[str]:
 
 
 def free_starts(table: ProfileTable, existing: Sequence[Placed], profile: Profile) -> list[int]:
-    return [s for s in profile.starts if placement_problem(table, existing, profile, s) is None]
+    return fast_free_starts(Index.of(table), Index.of(table).state(existing), profile)
 
 
 def best_start(table: ProfileTable, existing: Sequence[Placed], profile: Profile) -> int | None:
     """The placement that strands the fewest memory slices and keeps the most room for what comes next.
 
     Score, lowest wins: (stranded free slices, -compute slices still reachable, -largest profile still
-    placeable, start). None when the profile fits nowhere."""
+    placeable, start). None when the profile fits nowhere. Pure, so answers are remembered per table and
+    layout (a simulated NVML asks the same question for every profile on every read)."""
+    index = Index.of(table)
+    state = index.state(existing)
+    key = (state, profile.id, profile.size, profile.starts, profile.compute_slices, profile.max_instances)
+    if key in index.best:
+        return index.best[key]
     scored = []
-    seen: dict[frozenset[tuple[int, int]], int] = {}
-    for start in free_starts(table, existing, profile):
-        after = [*existing, Placed(profile.id, start, profile.size)]
-        largest = max((p.compute_slices for p in table.profiles if free_starts(table, after, p)), default=0)
-        reachable = reachable_compute(table, after, seen)
-        scored.append((len(stranded_slices(table, after)), -reachable, -largest, start))
-    return min(scored)[-1] if scored else None
+    for start in fast_free_starts(index, state, profile):
+        after = index.add(state, profile, start)
+        largest = max((p.compute_slices for p in table.profiles if fast_free_starts(index, after, p)), default=0)
+        reachable = index.reachable(after)
+        scored.append((popcount(index.stranded_mask(after)), -reachable, -largest, start))
+    chosen = index.best[key] = min(scored)[-1] if scored else None
+    return chosen
 
 
 def why_no_room(table: ProfileTable, existing: Sequence[Placed], profile: Profile) -> str:
@@ -200,37 +208,15 @@ def plan(
 
 def stranded_slices(table: ProfileTable, existing: Sequence[Placed]) -> set[int]:
     """Free memory slices that no profile can use any more."""
-    used = {s for gi in existing for s in gi.slices}
-    free = set(range(table.memory_slices)) - used
-    coverable: set[int] = set()
-    for p in table.profiles:
-        for s in free_starts(table, existing, p):
-            coverable.update(range(s, s + p.size))
-    return free - coverable
+    index = Index.of(table)
+    mask = index.stranded_mask(index.state(existing))
+    return {s for s in range(max(table.memory_slices, mask.bit_length())) if mask >> s & 1}
 
 
-def reachable_compute(table: ProfileTable, existing: Sequence[Placed],
-                      _seen: dict[frozenset[tuple[int, int]], int] | None = None) -> int:
+def reachable_compute(table: ProfileTable, existing: Sequence[Placed]) -> int:
     """Most compute slices that could still be added (exhaustive, memoised; at most 8 memory slices)."""
-    seen = {} if _seen is None else _seen
-
-    def search(layout: list[Placed]) -> int:
-        key = frozenset((gi.profile_id, gi.start) for gi in layout)
-        if key in seen:
-            return seen[key]
-        bound = table.compute_slices - sum(_compute(table, gi) for gi in layout)
-        best = 0
-        for p in table.profiles:
-            for s in free_starts(table, layout, p):
-                best = max(best, p.compute_slices + search([*layout, Placed(p.id, s, p.size)]))
-                if best >= bound:
-                    break
-            if best >= bound:
-                break
-        seen[key] = best
-        return best
-
-    return search(list(existing))
+    index = Index.of(table)
+    return index.reachable(index.state(existing))
 
 
 def _compute(table: ProfileTable, gi: Placed) -> int:
@@ -283,7 +269,7 @@ def mig_type_for_profile(types: Iterable[object], profile_name: str, series: str
     return candidates[0]
 
 
-# -- known profile tables (docs/nvidia-vgpu-facts.md §5.1) ----------------------------------------
+# -- known profile tables (sources: docs/sources.md §7) --------------------------------------------
 # Used by the simulated NVML and by tests; on hardware always ask NVML. Fields: enum index, name, ID,
 # compute slices, placement size, starts, instances, memory MB, SMs.
 _ROWS = tuple[tuple[int, str, int, int, int, tuple[int, ...], int, int, int], ...]

@@ -31,7 +31,7 @@ from vgpumgr.mig import profile_for_type
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Inventory, VgpuType
 
 STRATEGIES = ("pack", "spread")
-# time-sliced vGPUs per physical GPU are capped at 32 by the driver (facts §1.2)
+# time-sliced vGPUs per physical GPU are capped at 32 by the driver (docs/sources.md §5)
 _MAX_TIMESLICED_PER_GPU = 32
 
 
@@ -210,7 +210,7 @@ def mig_profile_for(name: str) -> str | None:
     return profile_for_type(name)
 
 
-# Nominal framebuffer (GB) by the GPU token of type names (facts §1.3, §3.3), for vendor-VF GPUs whose
+# Nominal framebuffer (GB) by the GPU token of type names (docs/sources.md §5), for vendor-VF GPUs whose
 # "creatable now" listing carries no max_instance and no NVML data is at hand.
 _NOMINAL_GB = {"T4": 16, "A2": 16, "A16": 16, "A10": 24, "L4": 24, "A30": 24, "A40": 48, "L40": 48, "L40S": 48,
                "RTX6000-Ada": 48, "A100": 40, "A100X": 40, "A100D": 80, "A100DX": 80, "H100": 80, "H100XM": 80,
@@ -254,7 +254,7 @@ def _info_from_allocation(a: Allocation) -> _TypeInfo:
                      1 if fb is not None else None)
 
 
-# -- mixed-size placement IDs (facts §3.2/§3.3, simplified, pre-Blackwell) -------------------------
+# -- mixed-size placement IDs (docs/sources.md §5, simplified, pre-Blackwell) ----------------------
 
 
 @lru_cache(maxsize=1024)

@@ -1,7 +1,8 @@
 """The kernel facts the simulator copies, checked on the real 6.1 kernel with its sample mdev drivers.
 
-Source of the expectations: /work/shared/mdev-lab/README.md, sections 5-7 (types, sysfs layout,
-errnos). If one of these fails after a kernel update, the simulator needs the same change.
+The expectations and their sources: docs/sources.md §1 and §1.1 (types, sysfs layout, errnos; Linux 6.1
+`drivers/vfio/mdev/`, `samples/vfio-mdev/`). If one of these fails after a kernel update, the simulator needs the
+same change.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """vgpumgr's reconcile on the real kernel: a driver reload deletes mdevs behind vgpumgr's back, as a reboot does.
 
-`rmmod mtty` succeeds while mdevs exist and silently deletes them (/work/shared/mdev-lab/README.md, section 7).
+`rmmod mtty` succeeds while mdevs exist and silently deletes them (docs/sources.md §1, measured by this lab).
 The records stay in vgpumgr's database, so reconcile must report them missing and, with fix=True, re-create
 them with the same UUIDs. An mdev made through sysfs directly is unknown to vgpumgr and is removed only when
 asked. Every mdev made here is removed afterwards (make_mdev's teardown), and mtty is loaded again.

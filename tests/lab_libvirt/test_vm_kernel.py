@@ -1,8 +1,8 @@
 """vgpumgr's VM lifecycle on the lab guest's real libvirtd, QEMU and kernel (scripts/mdev-lab run --libvirt).
 
-create_vm must start a domain whose QEMU really opened the mdev's VFIO group. While it runs, removing the
-mdev must be refused at once: the kernel would block the writer until the VM lets go (mdev-lab README,
-section 7), so vgpumgr has to find the holder before it writes. delete_vm stops the VM and then removes it.
+create_vm must start a domain whose QEMU really opened the mdev's VFIO group. While it runs, removing the mdev
+must be refused at once: the kernel would block the writer until the VM lets go (docs/sources.md §1), so vgpumgr
+has to find the holder before it writes. delete_vm stops the VM and then removes it.
 
 By default vgpumgr renders <domain type='kvm'> with <cpu mode='host-passthrough'>. The lab's nested QEMU runs
 under TCG (the conftest unloads the kvm modules udev loads), where libvirt refuses that domain: the first test

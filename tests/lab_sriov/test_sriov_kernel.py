@@ -1,7 +1,8 @@
 """SR-IOV facts on a real kernel: the mdev lab's emulated NVMe PF (scripts/mdev-lab run --sriov N).
 
 Plain os calls only, so these pin down what the kernel does, independent of vgpumgr.
-Source of the expectations: /work/shared/mdev-lab/README.md, section 10.
+The expectations and their sources: docs/sources.md §2 and §16 (Linux 6.1 `drivers/pci/iov.c`, QEMU 7.2's
+emulated NVMe with SR-IOV).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The PF is the lab's emulated NVMe device (scripts/mdev-lab run --sriov N), not a display device, so
 discover_gpus() does not list it; read_function() reads any PCI function. Kernel rules this relies on:
-/work/shared/mdev-lab/README.md, section 10, and drivers/pci/iov.c (sriov_numvfs_store) of 6.1.
+docs/sources.md §2 and §16, and drivers/pci/iov.c (sriov_numvfs_store) of 6.1.
 """
 
 from __future__ import annotations

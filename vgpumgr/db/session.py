@@ -208,12 +208,23 @@ def head_revision() -> str | None:
 
 
 def ensure_schema(url: str) -> None:
-    """Upgrade the schema once per process, loading Alembic only when the database is behind."""
+    """Upgrade the schema once per process, loading Alembic only when the database is behind. A new SQLite
+    database gets the newest schema from its SQL snapshot (vgpumgr.db.snapshot), without Alembic."""
     with _schema_lock:
         if url not in _schema_ready:
-            if stored_revision(url) != SCHEMA_REVISION:
+            stored = stored_revision(url)
+            if stored != SCHEMA_REVISION and not (stored is None and _from_snapshot(url)):
                 upgrade(url)
             _schema_ready.add(url)
+
+
+def _from_snapshot(url: str) -> bool:
+    engine = get_engine(url)
+    if engine.dialect.name != "sqlite":
+        return False
+    from vgpumgr.db.snapshot import create_if_empty
+
+    return create_if_empty(engine, SCHEMA_REVISION)
 
 
 def stored_revision(url: str) -> str | None:

@@ -1,7 +1,8 @@
-"""Real vGPU type catalogues for the simulated host (from ../shared/docs/nvidia-vgpu-facts.md §1.3, §2.5, §5.1).
+"""Real vGPU type catalogues for the simulated host: ids, names and sources in docs/sources.md §6.
 
 Each entry: (type id, display name, framebuffer GB (0.5 for "0"), series). num_heads, frl_config,
-max_resolution and max_instance follow the series defaults and NVIDIA's rule of thumb (facts §1.2).
+max_resolution and max_instance follow the series defaults and NVIDIA's rule of thumb (docs/sources.md §5,
+§6.1).
 """
 
 from __future__ import annotations
@@ -79,11 +80,13 @@ A100D_TIMESLICED = _table("GRID ", "A100D", 80, _seq(692, "4C 8C 10C 16C 20C 40C
 A100D_MIG = _table("GRID ", "A100D", 80, _seq(699, "1-10C 2-20C 3-40C 4-40C 7-80C") + [(707, "1-10CME"),
                                                                                     (1054, "1-20C")])
 
-# H100 80GB HBM3 SXM ("H100XM"), vendor-specific VF interface; MIG-backed ids from facts §5.1.
+# H100 80GB HBM3 SXM ("H100XM"), vendor-specific VF interface; MIG-backed ids from NVIDIA's open kernel
+# modules (docs/sources.md §6.2).
 H100XM_MIG = _table("NVIDIA ", "H100XM", 80, [(1130, "1-10CME"), (1131, "1-10C"), (1132, "1-20C"),
                                               (1133, "2-20C"), (1134, "3-40C"), (1135, "4-40C"), (1136, "7-80C")])
 
-# Intel GVT-g (Skylake-class iGPU): [derived] budgets so that V5_N allows N instances on an empty GPU.
+# Intel GVT-g (Skylake-class iGPU), types from i915's gvt/vgpu.c (docs/sources.md §8); the budget is the
+# simulator's choice, so that V5_N allows N instances on an empty GPU (§17).
 GVTG_TYPES = {  # type dir -> (low_gm MB, high_gm MB, fence, resolution, weight)
     "i915-GVTg_V5_1": (512, 2048, 4, "1920x1200", 16),
     "i915-GVTg_V5_2": (256, 1024, 4, "1920x1200", 8),
@@ -97,7 +100,7 @@ def gvtg_description(low: int, high: int, fence: int, res: str, weight: int) -> 
     return f"low_gm_size: {low}MB\nhigh_gm_size: {high}MB\nfence: {fence}\nresolution: {res}\nweight: {weight}\n"
 
 
-# Kernel sample drivers (Linux 6.1 samples/vfio-mdev), as seen in ../shared/mdev-lab/README.md §5.
+# Kernel sample drivers (Linux 6.1 samples/vfio-mdev), as the real-kernel lab sees them (docs/sources.md §1.1).
 SAMPLE_PARENTS: dict[str, dict] = {
     "mtty": {"budget": 24, "errno": "ENOSPC", "types": {
         "mtty-1": {"name": "Single port serial", "description": None, "cost": 1},

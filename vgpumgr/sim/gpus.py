@@ -9,7 +9,8 @@ from typing import Any
 
 from vgpumgr.mig import profile_for_type
 from vgpumgr.sim import catalog, rules
-from vgpumgr.sim.tree import SimTree, link, read_text, update, update_changed, vf_address, write
+from vgpumgr.sim.files import link, read_text, update, update_changed
+from vgpumgr.sim.tree import SimTree, pci_files, type_files, vf_address
 
 # interfaces: how a GPU exposes vGPUs
 MDEV_PF = "mdev-pf"  # legacy: mdev types on the physical function (T4)
@@ -32,12 +33,12 @@ def add_gpu(tree: SimTree, address: str, spec: dict[str, Any]) -> None:
     d = tree.add_pci(address, vendor=spec["vendor"], device=spec["device"], subsys=spec["subsys"],
                      cls=spec.get("class", "0x030200"), numa=spec["numa"], driver=spec.get("driver"))
     if spec.get("totalvfs"):
-        write(d / "sriov_totalvfs", f"{spec['totalvfs']}\n")
-        write(d / "sriov_numvfs", "0\n")
-        write(d / "sriov_offset", "4\n")
-        write(d / "sriov_stride", "1\n")
-        write(d / "sriov_vf_device", f"{spec.get('vf_device', spec['device'])}\n")
-        write(d / "sriov_drivers_autoprobe", "1\n")
+        tree.attr(d / "sriov_totalvfs", f"{spec['totalvfs']}\n")
+        tree.attr(d / "sriov_numvfs", "0\n")
+        tree.attr(d / "sriov_offset", "4\n")
+        tree.attr(d / "sriov_stride", "1\n")
+        tree.attr(d / "sriov_vf_device", f"{spec.get('vf_device', spec['device'])}\n")
+        tree.attr(d / "sriov_drivers_autoprobe", "1\n")
     if spec["iface"] == MDEV_PF:
         tree.register_parent(address, d)
         for t in cat:
@@ -79,6 +80,7 @@ def enable_vfs(tree: SimTree, pf: str, count: int) -> None:
     for i in range(count):
         va = vf_address(pf, i)
         driver = gpu.get("vf_driver") if autoprobe else None
+        tree.unpark_pci(va, pfdir.parent)  # this VF's directory from before it was disabled, if kept
         d = tree.add_pci(va, vendor=vendor, device=vf_dev, subsys=subsys, cls=cls, numa=numa, driver=driver,
                          parent_dir=pfdir.parent)
         link(d / "physfn", pfdir)
@@ -88,15 +90,34 @@ def enable_vfs(tree: SimTree, pf: str, count: int) -> None:
             for t in gpu["catalog"]:
                 tree.add_type(d, f"nvidia-{t['id']}", t["name"], _description(t), 0)
         elif gpu.get("iface") == NVIDIA_VF:
-            write(d / "nvidia/current_vgpu_type", "0\n")
-            write(d / "nvidia/creatable_vgpu_types", "ID    : vGPU Name\n")
-            write(d / "nvidia/vgpu_params", "\n")
-            write(d / "nvidia/placement_id", "Not Applicable\n")
-    write(pfdir / "sriov_numvfs", f"{count}\n")  # the callers refresh what is creatable afterwards
+            for name, content in VF_NVIDIA_FILES.items():
+                tree.attr(d / "nvidia" / name, content)
+    tree.attr(pfdir / "sriov_numvfs", f"{count}\n")  # the callers refresh what is creatable afterwards
+
+
+# what a vendor-specific VF's nvidia/ folder holds when its VF appears
+VF_NVIDIA_FILES = {"current_vgpu_type": "0\n", "creatable_vgpu_types": "ID    : vGPU Name\n", "vgpu_params": "\n",
+                   "placement_id": "Not Applicable\n"}
+
+
+def vf_entries(gpu: dict[str, Any]) -> set[str]:
+    """The entries of a VF directory as enable_vfs makes it, without its driver link (relative paths): what a
+    disabled VF's directory must hold, exactly, to be kept for the VF's return."""
+    out = set(pci_files("0", "0", ("0", "0"), "0", 0)) | {"iommu_group", "physfn"}
+    if gpu.get("iface") == MDEV_VF:
+        out.add("mdev_supported_types")
+        for t in gpu["catalog"]:
+            td = f"mdev_supported_types/nvidia-{t['id']}"
+            out |= {td, f"{td}/devices"} | {f"{td}/{f}" for f in type_files(t["name"], "-", 0)}
+    elif gpu.get("iface") == NVIDIA_VF:
+        out |= {"nvidia"} | {f"nvidia/{f}" for f in VF_NVIDIA_FILES}
+    return out
 
 
 def disable_vfs(tree: SimTree, pf: str) -> None:
     pfdir = tree.device_dir(pf)
+    gpu = tree.state["gpus"].get(pf)
+    expected = vf_entries(gpu) if gpu else None
     for i, va in enumerate(vfs_of(tree, pf)):
         vdir = tree.device_dir(va)
         for uuid, _ in tree.mdevs_of(vdir):
@@ -104,9 +125,12 @@ def disable_vfs(tree: SimTree, pf: str) -> None:
         mb = tree.sys / "class/mdev_bus" / va
         if mb.is_symlink():
             mb.unlink()
-        tree.remove_pci(va)
+        if expected is None:
+            tree.remove_pci(va)
+        else:
+            tree.park_pci(va, expected)
         (pfdir / f"virtfn{i}").unlink()
-    write(pfdir / "sriov_numvfs", "0\n")
+    tree.attr(pfdir / "sriov_numvfs", "0\n")
 
 
 Layout = dict[str, list[str]]  # real dir of each function that holds vGPUs -> type dirs of its vGPUs

@@ -1,8 +1,8 @@
 """Applies the effects of sysfs writes to a simulated tree with the real kernel's rules and errnos.
 
-Errnos follow what the real kernel returned in the mdev lab (../shared/mdev-lab/README.md §7, §10)
-and NVIDIA's vendor-VF driver (facts §2.2). Writes are serialised with a lock file, as the kernel
-serialises them.
+Errnos follow the Linux 6.1 sources and what the real kernel returned in the mdev lab (docs/sources.md §1, §2) and
+NVIDIA's vendor-VF driver (§4); where no source gives one, §17 says so. Writes are serialised with a lock file, as
+the kernel serialises them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import rules
-from vgpumgr.sim.tree import SimTree, read_text, update, update_changed, write
+from vgpumgr.sim.files import read_text, update, update_changed, write
+from vgpumgr.sim.tree import SimTree
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _READ_ONLY = {"available_instances", "name", "description", "device_api", "vendor", "device", "class",
@@ -103,12 +104,14 @@ class KernelEmulator:
             self._current_vgpu_type(tree, os.path.dirname(parent), data)
         elif name == "driver_override":
             value = data.strip()
-            write(real, (value or "(null)") + "\n")
+            tree.attr(real, (value or "(null)") + "\n")
         elif name in ("bind", "unbind") and os.path.basename(os.path.dirname(parent)) == "drivers":
             self._bind(tree, os.path.basename(parent), name, data)
         elif name == "drivers_probe":
             self._probe(tree, data.strip())
-        else:
+        elif os.path.isfile(real) and not os.path.islink(real):
+            tree.attr(real, data)
+        else:  # a link or a directory: as the old open(O_TRUNC), which follows links and refuses directories
             write(real, data)
 
     # -- mdev -----------------------------------------------------------------------------------
@@ -206,7 +209,7 @@ class KernelEmulator:
             group = os.path.basename(os.readlink(f"{vfdir}/iommu_group"))
             if _held(tree.root, f"/dev/vfio/{group}") or _held(tree.root, vfdir):
                 raise _err(errno.EBUSY, "current_vgpu_type")
-            write(cur_file, "0\n")
+            tree.attr(cur_file, "0\n")
         else:
             if current != 0:
                 raise _err(errno.EPERM, "current_vgpu_type")
@@ -214,7 +217,7 @@ class KernelEmulator:
             ids = {int(line.split(":", 1)[0]) for line in creatable if ":" in line}
             if value not in ids:
                 raise _err(errno.EINVAL, "current_vgpu_type")
-            write(cur_file, f"{value}\n")
+            tree.attr(cur_file, f"{value}\n")
         pf = simgpus.physical_gpu_of(tree, vfdir)
         if pf:
             if value:

@@ -41,13 +41,13 @@ from vgpumgr import ids, mig
 from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
 STATE_VERSION = 1
-_LICENSE = {  # docs/nvidia-vgpu-facts.md §4.1
+_LICENSE = {  # per series, from NVIDIA's ctrl2080gpu.h (docs/sources.md §9)
     "A": "GRID-Virtual-Apps,3.0",
     "B": "GRID-Virtual-PC,2.0;Quadro-Virtual-DWS,5.0;GRID-Virtual-WS,2.0;GRID-Virtual-WS-Ext,2.0",
     "C": "NVIDIA-vComputeServer,9.0",
     "Q": "Quadro-Virtual-DWS,5.0;GRID-Virtual-WS,2.0;GRID-Virtual-WS-Ext,2.0",
 }
-_CLASS = {"A": "NVS", "B": "NVS", "C": "Compute", "Q": "Quadro"}  # [unverified] class strings
+_CLASS = {"A": "NVS", "B": "NVS", "C": "Compute", "Q": "Quadro"}  # not known from a source (docs/sources.md §17)
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}  # NVML_COMPUTE_INSTANCE_PROFILE_* -> compute slices
 _MIN_TIMESLICE_NS, _MAX_TIMESLICE_NS = 1_000_000, 30_000_000  # simulator's choice, not observed
 
@@ -89,8 +89,8 @@ def _mig_types(prefix: str, table: str, rows: Sequence[tuple[int, str]]) -> list
     return out
 
 
-# Type IDs from docs/nvidia-vgpu-facts.md §1.3/§5.1; H100 time-sliced IDs are not known there and are
-# fabricated in the 90000 range so nobody mistakes them for real ones.
+# Type IDs and their sources: docs/sources.md §6.2. H100 time-sliced IDs are not published and are
+# fabricated in the 90000 range so nobody mistakes them for real ones (§17).
 SIM_PROFILES: dict[str, GpuSpec] = {
     "a100-mig": GpuSpec(
         "NVIDIA A100 80GB PCIe", (0x10DE, 0x20B5), (0x10DE, 0x1533), 81920, "a100-80gb", (1, 1), True,

@@ -11,9 +11,10 @@ from typing import Any
 from vgpumgr.errors import Conflict, InvalidInput
 from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import catalog
+from vgpumgr.sim.files import write
 from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu
 from vgpumgr.sim.platform import mark, nvml_state_path
-from vgpumgr.sim.tree import INTEL, NVIDIA, SimTree, write
+from vgpumgr.sim.tree import INTEL, NVIDIA, SimTree
 
 # Real names from the pci.ids database, written into the simulated root so discovery resolves them
 # the same way it does on a host.

@@ -1,6 +1,6 @@
 """`vgpumgr sim reboot`: what a host reboot (or an NVIDIA driver reload) takes away, and nothing more.
 
-From ../shared/docs/reboot-and-vendor-vf.md and nvidia-vgpu-facts.md §0.6, §1.4, §5.2:
+What is lost, and the sources for it, in docs/sources.md §11:
 - SR-IOV VFs are disabled (`sriov_numvfs` 0, no `virtfn*`, the VF functions gone): the NVIDIA driver
   does not enable them again, only `sriov-manage -e` (or a write of sriov_numvfs) does. With them go every
   VF's `current_vgpu_type` and every mdev on a VF.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpumgr.sim import gpus as simgpus
-from vgpumgr.sim.tree import SimTree, update, write
+from vgpumgr.sim.tree import SimTree
 
 
 def reboot(root: Path) -> dict[str, Any]:
@@ -68,12 +68,13 @@ def _disable_vfs(tree: SimTree, address: str, report: dict[str, Any]) -> None:
     if numvfs:
         simgpus.disable_vfs(tree, address)
         report["vfs"][address] = numvfs
-    update(d / "sriov_drivers_autoprobe", "1\n")
+    if (d / "sriov_drivers_autoprobe").read_text() != "1\n":
+        tree.attr(d / "sriov_drivers_autoprobe", "1\n")
 
 
 def _default_driver(tree: SimTree, address: str, report: dict[str, Any]) -> None:
     d = tree.device_dir(address)
-    write(d / "driver_override", "(null)\n")
+    tree.attr(d / "driver_override", "(null)\n")
     default = tree.state["gpus"].get(address, {}).get("driver")
     current = os.path.basename(os.readlink(d / "driver")) if (d / "driver").is_symlink() else None
     if current == default:

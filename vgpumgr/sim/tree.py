@@ -3,6 +3,11 @@
 Real directories live under sys/devices/...; sys/bus/pci/devices, sys/class/mdev_bus,
 sys/bus/mdev/devices, iommu_groups and driver links are relative symlinks into them, exactly as on a
 host. The kernel emulator (kernel.py) uses the same helpers to apply the effects of writes.
+
+Attribute files are hard links to one file per value under VALUES_DIR (`SimTree.attr`; sim/files.py says
+why and how they are written). The directories of disabled VFs are moved aside
+(`park_pci`) and moved back when the VFs are enabled again (`unpark_pci`), their files then written as
+for a new VF: a reboot and a restore move a directory instead of removing and making dozens.
 """
 
 from __future__ import annotations
@@ -13,90 +18,30 @@ from pathlib import Path
 from typing import Any
 
 from vgpumgr.host import SIM_MARKER
+from vgpumgr.sim.files import attr, entries, link, mkdir_quiet, remove_dir, rmtree, unlink_quiet
 
 NVIDIA = "10de"
 INTEL = "8086"
+VALUES_DIR = ".vgpumgr-sim-values"  # one file per attribute value, hard-linked from the tree
+PARKED_DIR = ".vgpumgr-sim-parked"  # directories of VFs that were disabled, kept for their return
 
 
-def write(path: Path | str, content: str) -> None:
-    """Create or overwrite a file with `content`: open(2) with O_TRUNC, one write(2), close(2), as
-    open(path, "w") would do, without the text layer's fstat, ioctl and lseek."""
-    data = content.encode()
-    try:
-        fd = os.open(path, _NEW, 0o666)
-    except FileNotFoundError:  # first file of a new directory: make it only then (keeps `sim create` fast)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, _NEW, 0o666)
-    try:
-        if data:
-            os.write(fd, data)
-    finally:
-        os.close(fd)
+def pci_files(vendor: str, device: str, subsys: tuple[str, str], cls: str, numa: int) -> dict[str, str]:
+    """The attribute files of a PCI function the simulator makes, by name."""
+    return {"vendor": f"0x{vendor}\n", "device": f"0x{device}\n", "subsystem_vendor": f"0x{subsys[0]}\n",
+            "subsystem_device": f"0x{subsys[1]}\n", "class": f"{cls}\n", "numa_node": f"{numa}\n",
+            "driver_override": "(null)\n", "reset_method": "flr\n",
+            "local_cpulist": "0-15\n" if numa <= 0 else "16-31\n"}
 
 
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-
-
-def update(path: Path | str, content: str) -> None:
-    """Rewrite an existing attribute file only when its value changes (for callers that do not know what
-    it holds: one open and one read when unchanged)."""
-    data = content.encode()
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        if os.read(fd, len(data) + 1) == data:
-            return
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-    finally:
-        os.close(fd)
-
-
-def update_changed(old: dict[str, str], new: dict[str, str]) -> None:
-    """Rewrite the files whose value goes from `old` (what they hold, as the caller knows from the state they
-    were derived from) to `new`. A value of the same length is overwritten in place without truncating, so a
-    concurrent reader never sees the file empty (as sysfs, whose reads never see half a value)."""
-    for path, content in new.items():
-        before = old.get(path)
-        if before == content:
-            continue
-        data = content.encode()
-        same_length = before is not None and len(before.encode()) == len(data)
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | (0 if same_length else os.O_TRUNC))
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-
-
-def read_text(path: str) -> str:
-    """A small attribute file's content: open, read, close (Path.read_text adds fstat, ioctl, lseek)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = [os.read(fd, 4096)]
-        while len(chunks[-1]) == 4096:
-            chunks.append(os.read(fd, 4096))
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
-
-
-def link(path: Path | str, target: Path | str) -> None:
-    """A relative symlink, as sysfs has them (replacing one that is there)."""
-    rel = os.path.relpath(target, os.path.dirname(path))
-    try:
-        os.symlink(rel, path)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.symlink(rel, path)
-    except FileExistsError:
-        if not os.path.islink(path):
-            raise
-        os.unlink(path)
-        os.symlink(rel, path)
+def type_files(name: str | None, description: str | None, available: int) -> dict[str, str]:
+    """The files of an mdev type directory (beside its devices/ directory), by name."""
+    files = {"device_api": "vfio-pci\n", "available_instances": f"{available}\n", "create": ""}
+    if name is not None:
+        files["name"] = f"{name}\n"
+    if description is not None:
+        files["description"] = description if description.endswith("\n") else description + "\n"
+    return files
 
 
 def bdf_split(address: str) -> tuple[int, int, int, int]:
@@ -126,6 +71,12 @@ class SimTree:
         self._state: dict[str, Any] | None = state
         self._real_dirs: dict[str, str] = {} if real_dirs is None else real_dirs
         self.dirty = False
+        self.values = f"{self.root}/{VALUES_DIR}"
+
+    # -- attribute files ------------------------------------------------------------------------
+    def attr(self, path: Path | str, content: str) -> None:
+        """Create or replace the attribute file `path` with `content` (a link to the file of that value)."""
+        attr(self.values, path, content)
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -185,21 +136,14 @@ class SimTree:
             else:
                 parent_dir = self.sys / f"devices/pci{dom:04x}:{bus - 1:02x}/{bdf(dom, bus - 1, 0, 0)}"
         d = parent_dir / address
-        write(d / "vendor", f"0x{vendor}\n")
-        write(d / "device", f"0x{device}\n")
-        write(d / "subsystem_vendor", f"0x{subsys[0]}\n")
-        write(d / "subsystem_device", f"0x{subsys[1]}\n")
-        write(d / "class", f"{cls}\n")
-        write(d / "numa_node", f"{numa}\n")
-        write(d / "driver_override", "(null)\n")
-        write(d / "reset_method", "flr\n")
-        write(d / "local_cpulist", "0-15\n" if numa <= 0 else "16-31\n")
+        for name, content in pci_files(vendor, device, subsys, cls, numa).items():
+            self.attr(d / name, content)
         link(self.sys / "bus/pci/devices" / address, d)
         group = self.new_iommu_group()
         gdir = self.sys / f"kernel/iommu_groups/{group}"
         link(d / "iommu_group", gdir)
         link(gdir / "devices" / address, d)
-        write(self.root / f"dev/vfio/.group-{group}", "")  # placeholder; /dev/vfio/<N> appears with vfio-pci
+        self.attr(self.root / f"dev/vfio/.group-{group}", "")  # placeholder; /dev/vfio/<N> appears with vfio-pci
         if driver:
             self.bind(address, driver)
         return d
@@ -208,7 +152,7 @@ class SimTree:
         ddir = self.sys / "bus/pci/drivers" / name
         for f in ("bind", "unbind", "new_id", "remove_id"):
             if not (ddir / f).exists():
-                write(ddir / f, "")
+                self.attr(ddir / f, "")
         return ddir
 
     def bind(self, address: str, driver: str) -> None:
@@ -218,7 +162,7 @@ class SimTree:
         link(ddir / address, d)
         if driver == "vfio-pci":
             group = int(os.path.basename(os.readlink(d / "iommu_group")))
-            write(self.root / f"dev/vfio/{group}", "")
+            self.attr(self.root / f"dev/vfio/{group}", "")
 
     def unbind(self, address: str) -> str | None:
         d = self.device_dir(address)
@@ -241,12 +185,41 @@ class SimTree:
         self.unbind(address)
         group = os.path.basename(os.readlink(d / "iommu_group"))
         gdir = self.sys / f"kernel/iommu_groups/{group}"
-        _rmtree(gdir)
+        rmtree(gdir)
         ph = self.root / f"dev/vfio/.group-{group}"
         if ph.exists():
             ph.unlink()
         (self.sys / "bus/pci/devices" / address).unlink()
-        _rmtree(d)
+        rmtree(d)
+
+    def park_pci(self, address: str, expected: set[str]) -> None:
+        """remove_pci for a VF whose device goes away (sriov_numvfs 0, a reboot): its directory is moved to
+        PARKED_DIR when it holds exactly `expected` (its entries without the driver link, relative to it),
+        else removed. Everything outside it (bus and group links, the IOMMU group) goes as in remove_pci."""
+        d = self.device_dir(address)
+        self.unbind(address)
+        group = os.path.basename(os.readlink(d / "iommu_group"))
+        rmtree(self.sys / f"kernel/iommu_groups/{group}")
+        unlink_quiet(f"{self.root}/dev/vfio/.group-{group}")
+        (self.sys / "bus/pci/devices" / address).unlink()
+        if entries(os.fspath(d)) != expected:
+            rmtree(d)
+            return
+        parked = f"{self.root}/{PARKED_DIR}/{address}"
+        rmtree(parked)
+        try:
+            os.rename(d, parked)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(parked), exist_ok=True)
+            os.rename(d, parked)
+
+    def unpark_pci(self, address: str, parent_dir: Path) -> None:
+        """Move a parked VF directory back under `parent_dir`, if there is one; the caller then writes every
+        entry as for a new VF (attr and link leave what is already right alone)."""
+        try:
+            os.rename(f"{self.root}/{PARKED_DIR}/{address}", parent_dir / address)
+        except FileNotFoundError:
+            pass
 
     def renumber_iommu_groups(self) -> dict[str, tuple[int, int]]:
         """Number the groups as a boot does: the IOMMU driver meets the PCI functions in bus order and
@@ -260,7 +233,7 @@ class SimTree:
         on_vfio = {a for a in devices if (self.device_dir(a) / "driver").is_symlink()
                    and os.path.basename(os.readlink(self.device_dir(a) / "driver")) == "vfio-pci"}
         for g in os.listdir(groups):  # a boot starts with no groups and no /dev/vfio nodes but the container
-            _rmtree(groups / g)
+            rmtree(groups / g)
         for node in os.listdir(vfio):
             if node != "vfio":
                 (vfio / node).unlink()
@@ -270,9 +243,9 @@ class SimTree:
             d = self.device_dir(address)
             link(d / "iommu_group", groups / str(n))
             link(groups / str(n) / "devices" / address, d)
-            write(vfio / f".group-{n}", "")
+            self.attr(vfio / f".group-{n}", "")
             if address in on_vfio:
-                write(vfio / str(n), "")
+                self.attr(vfio / str(n), "")
             if old[address] != n:
                 changed[address] = (old[address], n)
         return changed
@@ -285,19 +258,13 @@ class SimTree:
                  available: int) -> None:
         t = os.path.join(pdir, "mdev_supported_types", type_dir)
         os.makedirs(os.path.join(t, "devices"), exist_ok=True)  # once, not per file: thousands of types per host
-        files = {"device_api": "vfio-pci\n", "available_instances": f"{available}\n", "create": ""}
-        if name is not None:
-            files["name"] = f"{name}\n"
-        if description is not None:
-            files["description"] = description if description.endswith("\n") else description + "\n"
-        for fname, content in files.items():
-            with open(os.path.join(t, fname), "w") as f:
-                f.write(content)
+        for fname, content in type_files(name, description, available).items():
+            self.attr(os.path.join(t, fname), content)
 
     def add_virtual_parent(self, name: str) -> Path:
         pdir = self.sys / f"devices/virtual/{name}/{name}"
         pdir.mkdir(parents=True, exist_ok=True)
-        write(pdir / "uevent", "")
+        self.attr(pdir / "uevent", "")
         self.register_parent(name, pdir)
         return pdir
 
@@ -309,21 +276,21 @@ class SimTree:
         type_path = f"{pdir}/mdev_supported_types/{type_dir}"
         os.mkdir(m)
         link(f"{m}/mdev_type", type_path)
-        write(f"{m}/remove", "")
-        write(f"{m}/uevent", f"DRIVER={type_dir.split('-')[0]}\n")
+        self.attr(f"{m}/remove", "")
+        self.attr(f"{m}/uevent", f"DRIVER={type_dir.split('-')[0]}\n")
         group = self.new_iommu_group()
         gdir = f"{sys_dir}/kernel/iommu_groups/{group}"
         link(f"{m}/iommu_group", gdir)
-        _mkdir(gdir)
-        _mkdir(f"{gdir}/devices")
+        mkdir_quiet(gdir)
+        mkdir_quiet(f"{gdir}/devices")
         link(f"{gdir}/devices/{uuid}", m)
-        write(f"{self.root}/dev/vfio/{group}", "")
+        self.attr(f"{self.root}/dev/vfio/{group}", "")
         link(f"{type_path}/devices/{uuid}", m)
         link(f"{sys_dir}/bus/mdev/devices/{uuid}", m)
         if type_dir.startswith("nvidia-"):
-            _mkdir(f"{m}/nvidia")
-            write(f"{m}/nvidia/vgpu_params", "\n")
-            write(f"{m}/nvidia/vm_name", "\n")
+            mkdir_quiet(f"{m}/nvidia")
+            self.attr(f"{m}/nvidia/vgpu_params", "\n")
+            self.attr(f"{m}/nvidia/vm_name", "\n")
         return m
 
     def remove_mdev(self, mdir: Path | str, group: str | None = None) -> str:
@@ -338,11 +305,11 @@ class SimTree:
         gdir = f"{self.sys}/kernel/iommu_groups/{group}"
         for p in (f"{parent}/mdev_supported_types/{type_dir}/devices/{uuid}", f"{self.sys}/bus/mdev/devices/{uuid}",
                   f"{self.root}/dev/vfio/{group}", f"{gdir}/devices/{uuid}"):
-            _unlink(p)
-        _remove_dir(gdir, ("devices",))
+            unlink_quiet(p)
+        remove_dir(gdir, ("devices",))
         for name in ("mdev_type", "remove", "uevent", "iommu_group", "nvidia/vgpu_params", "nvidia/vm_name"):
-            _unlink(f"{mdir}/{name}")
-        _remove_dir(mdir, ("nvidia",))
+            unlink_quiet(f"{mdir}/{name}")
+        remove_dir(mdir, ("nvidia",))
         return type_dir
 
     def mdevs_of(self, pdir: Path | str) -> list[tuple[str, str]]:
@@ -352,49 +319,3 @@ class SimTree:
             if len(e.name) == 36 and e.name.count("-") == 4 and e.is_dir(follow_symlinks=False):
                 out.append((e.name, os.path.basename(os.readlink(os.path.join(e.path, "mdev_type")))))
         return out
-
-
-def _mkdir(path: str) -> None:
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _remove_dir(path: str, subdirs: tuple[str, ...]) -> None:
-    """rmdir the (expected empty) subdirectories and then `path`; whatever else is in them goes as _rmtree."""
-    try:
-        for sub in subdirs:
-            try:
-                os.rmdir(f"{path}/{sub}")
-            except FileNotFoundError:
-                pass
-        os.rmdir(path)
-    except OSError:
-        _rmtree(path)
-
-
-def _rmtree(p: Path | str) -> None:
-    """Remove a file, link or directory tree (without following links); nothing if it is not there."""
-    try:
-        os.unlink(p)
-        return
-    except FileNotFoundError:
-        return
-    except (IsADirectoryError, PermissionError):  # a directory (EISDIR on Linux, EPERM elsewhere)
-        pass
-    for e in os.scandir(p):
-        if e.is_dir(follow_symlinks=False):
-            _rmtree(e.path)
-        else:
-            os.unlink(e.path)
-    os.rmdir(p)
-
-

@@ -1,0 +1,209 @@
+-- vgpumgr schema at revision 0005_restore: what `alembic upgrade head` leaves in an empty SQLite database.
+-- Written by `python -m vgpumgr.db.snapshot`; tests/test_db.py checks it against the migrations.
+CREATE TABLE alembic_version (
+	version_num VARCHAR(32) NOT NULL, 
+	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
+);
+CREATE TABLE hosts (
+	id INTEGER NOT NULL, 
+	name VARCHAR(255) NOT NULL, 
+	created_at DATETIME NOT NULL, 
+	last_seen DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	UNIQUE (name)
+);
+CREATE TABLE gpus (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	address VARCHAR(16) NOT NULL, 
+	model VARCHAR(255) NOT NULL, 
+	uuid VARCHAR(64), 
+	serial VARCHAR(64), 
+	vendor_id VARCHAR(8), 
+	device_id VARCHAR(8), 
+	first_seen DATETIME NOT NULL, 
+	last_seen DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_gpus_host_address UNIQUE (host_id, address), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE TABLE vgpu_types (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	gpu_model VARCHAR(255) NOT NULL, 
+	type_id VARCHAR(64) NOT NULL, 
+	name VARCHAR(255) NOT NULL, 
+	backend VARCHAR(32) NOT NULL, 
+	series VARCHAR(1), 
+	framebuffer_mb INTEGER, 
+	max_instances INTEGER, 
+	mig_slices INTEGER, 
+	updated_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_vgpu_types_host_model_type UNIQUE (host_id, gpu_model, type_id), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE TABLE vms (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	name VARCHAR(64) NOT NULL, 
+	uuid VARCHAR(36), 
+	state VARCHAR(32) NOT NULL, 
+	created_at DATETIME NOT NULL, 
+	updated_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_vms_host_name UNIQUE (host_id, name), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE TABLE licence_pools (
+	id INTEGER NOT NULL, 
+	name VARCHAR(64) NOT NULL, 
+	edition VARCHAR(8) NOT NULL, 
+	seats INTEGER NOT NULL, 
+	unit VARCHAR(8) NOT NULL, 
+	expires DATE, 
+	created_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT ck_licence_pools_seats CHECK (seats >= 0), 
+	CONSTRAINT ck_licence_pools_unit CHECK (unit IN ('vm', 'gpu')), 
+	CONSTRAINT ck_licence_pools_edition CHECK (edition IN ('vApps', 'vPC', 'vCS', 'vWS')), 
+	UNIQUE (name)
+);
+CREATE TABLE licence_leases (
+	id INTEGER NOT NULL, 
+	pool_id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	vm_id INTEGER NOT NULL, 
+	gpu_id INTEGER, 
+	holder VARCHAR(64) NOT NULL, 
+	acquired_at DATETIME NOT NULL, 
+	released_at DATETIME, 
+	PRIMARY KEY (id), 
+	FOREIGN KEY(pool_id) REFERENCES licence_pools (id) ON DELETE RESTRICT, 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE, 
+	FOREIGN KEY(vm_id) REFERENCES vms (id) ON DELETE CASCADE, 
+	FOREIGN KEY(gpu_id) REFERENCES gpus (id) ON DELETE SET NULL
+);
+CREATE UNIQUE INDEX uq_licence_leases_held ON licence_leases (pool_id, holder) WHERE released_at IS NULL;
+CREATE INDEX ix_licence_leases_vm ON licence_leases (vm_id);
+CREATE TABLE allocations (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	uuid VARCHAR(36), 
+	pci_address VARCHAR(16), 
+	backend VARCHAR(32) NOT NULL, 
+	parent VARCHAR(64) NOT NULL, 
+	gpu_id INTEGER, 
+	type_id VARCHAR(64) NOT NULL, 
+	type_name VARCHAR(255), 
+	series VARCHAR(16), 
+	vm_id INTEGER, 
+	lease_id INTEGER, 
+	state VARCHAR(16) NOT NULL, 
+	idempotency_key VARCHAR(128), 
+	detail JSON, 
+	created_at DATETIME NOT NULL, 
+	activated_at DATETIME, 
+	released_at DATETIME, owner_host VARCHAR(255), owner_boot VARCHAR(36), owner_pid INTEGER, owner_started BIGINT, lease_until DATETIME, 
+	PRIMARY KEY (id), 
+	CONSTRAINT ck_allocations_state CHECK (state IN ('reserved', 'active', 'released')), 
+	CONSTRAINT uq_allocations_host_idem UNIQUE (host_id, idempotency_key), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE, 
+	FOREIGN KEY(gpu_id) REFERENCES gpus (id) ON DELETE SET NULL, 
+	FOREIGN KEY(vm_id) REFERENCES vms (id) ON DELETE SET NULL, 
+	FOREIGN KEY(lease_id) REFERENCES licence_leases (id) ON DELETE SET NULL
+);
+CREATE UNIQUE INDEX uq_allocations_live_uuid ON allocations (host_id, uuid) WHERE state IN ('reserved', 'active');
+CREATE UNIQUE INDEX uq_allocations_live_pci ON allocations (host_id, pci_address) WHERE state IN ('reserved', 'active');
+CREATE INDEX ix_allocations_host_state ON allocations (host_id, state);
+CREATE INDEX ix_allocations_vm ON allocations (vm_id);
+CREATE INDEX ix_allocations_lease ON allocations (lease_id);
+CREATE TABLE audit_events (
+	seq INTEGER NOT NULL, 
+	at DATETIME NOT NULL, 
+	host VARCHAR(255) NOT NULL, 
+	actor VARCHAR(255) NOT NULL, 
+	action VARCHAR(64) NOT NULL, 
+	outcome VARCHAR(16) NOT NULL, 
+	gpu VARCHAR(64), 
+	vm VARCHAR(64), 
+	vgpu VARCHAR(64), 
+	error TEXT, 
+	detail JSON, 
+	prev_hash VARCHAR(64) NOT NULL, 
+	hash VARCHAR(64) NOT NULL, 
+	PRIMARY KEY (seq), 
+	CONSTRAINT ck_audit_events_outcome CHECK (outcome IN ('ok', 'failed', 'warning')), 
+	UNIQUE (hash)
+);
+CREATE INDEX ix_audit_events_at ON audit_events (at);
+CREATE INDEX ix_audit_events_vm ON audit_events (vm);
+CREATE INDEX ix_audit_events_gpu ON audit_events (gpu);
+CREATE TABLE audit_head (
+	id INTEGER NOT NULL, 
+	seq INTEGER NOT NULL, 
+	hash VARCHAR(64) NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT ck_audit_head_single CHECK (id = 1)
+);
+CREATE TABLE api_tokens (
+	id INTEGER NOT NULL, 
+	name VARCHAR(64) NOT NULL, 
+	role VARCHAR(16) NOT NULL, 
+	secret_sha256 VARCHAR(64) NOT NULL, 
+	created_at DATETIME NOT NULL, 
+	revoked_at DATETIME, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_api_tokens_name UNIQUE (name), 
+	CONSTRAINT uq_api_tokens_secret UNIQUE (secret_sha256), 
+	CONSTRAINT ck_api_tokens_role CHECK (role IN ('admin', 'operator', 'hook', 'auditor'))
+);
+CREATE UNIQUE INDEX uq_audit_events_prev_hash ON audit_events (prev_hash);
+CREATE INDEX ix_allocations_leased ON allocations (host_id) WHERE owner_pid IS NOT NULL;
+CREATE TABLE idempotency_keys (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	"key" VARCHAR(128) NOT NULL, 
+	caller VARCHAR(255) NOT NULL, 
+	fingerprint VARCHAR(64) NOT NULL, 
+	nonce VARCHAR(32) NOT NULL, 
+	status INTEGER, 
+	response JSON, 
+	owner_boot VARCHAR(36), 
+	owner_pid INTEGER, 
+	owner_started BIGINT, 
+	created_at DATETIME NOT NULL, 
+	expires_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_idempotency_keys_host_key UNIQUE (host_id, "key"), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE INDEX ix_idempotency_keys_expires ON idempotency_keys (expires_at);
+CREATE TABLE gpu_boot_state (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	address VARCHAR(16) NOT NULL, 
+	numvfs INTEGER, 
+	mig_enabled BOOLEAN, 
+	updated_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_gpu_boot_state_host_address UNIQUE (host_id, address), 
+	CONSTRAINT ck_gpu_boot_state_numvfs CHECK (numvfs IS NULL OR numvfs >= 0), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE TABLE mig_gpu_instances (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	gpu VARCHAR(16) NOT NULL, 
+	profile VARCHAR(32) NOT NULL, 
+	profile_id INTEGER NOT NULL, 
+	start INTEGER NOT NULL, 
+	size INTEGER NOT NULL, 
+	compute_instance BOOLEAN DEFAULT 0 NOT NULL, 
+	created_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_mig_gpu_instances_host_gpu_start UNIQUE (host_id, gpu, start), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+INSERT INTO "alembic_version" VALUES('0005_restore');
+INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
