@@ -1,5 +1,5 @@
 -- vgpumgr schema at revision 0005_restore: what `alembic upgrade head` leaves in an empty SQLite database.
--- Written by `python -m vgpumgr.db.snapshot`; tests/test_db.py checks it against the migrations.
+-- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)

@@ -232,7 +232,7 @@ def test_the_sqlite_snapshot_is_what_the_migrations_build(tmp_path) -> None:
     finally:
         conn.close()
     assert snapshot.path().read_text() == dumped, (
-        "migrations/sqlite-head.sql is out of date: run `.venv/bin/python -m vgpumgr.db.snapshot`")
+        "migrations/sqlite-head.sql is out of date: run `.venv/bin/python scripts/schema_snapshot.py`")
     assert snapshot.statements(dumped)[0] == dbs.SCHEMA_REVISION
 
 

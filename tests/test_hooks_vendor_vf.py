@@ -25,7 +25,7 @@ from vgpumgr.host import Host
 from vgpumgr.ops.allocate import Owner
 from vgpumgr.placement import Policy
 from vgpumgr.service import Service
-from vgpumgr.sim.kernel import reboot as sim_reboot
+from vgpumgr.sim.reboot import reboot as sim_reboot
 
 T4 = "0000:3b:00.0"
 VF1, VF2, VF3, VF4 = "0000:3d:00.4", "0000:3d:00.5", "0000:3d:00.6", "0000:3d:00.7"

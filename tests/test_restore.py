@@ -20,7 +20,7 @@ from vgpumgr.discovery.nvidia_vf import discover_vf_vgpus
 from vgpumgr.errors import InvalidInput
 from vgpumgr.service import Service
 from vgpumgr.sim import profiles
-from vgpumgr.sim.kernel import reboot as sim_reboot
+from vgpumgr.sim.reboot import reboot as sim_reboot
 
 
 def make_service(tmp_path: Path, profile: str, **kw: object) -> Service:

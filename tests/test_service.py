@@ -206,7 +206,7 @@ def test_vm_name_and_disk_injection_refused(tmp_path: Path) -> None:
 
 
 def test_vm_start_recreates_vanished_vgpus(tmp_path: Path) -> None:
-    from vgpumgr.sim.kernel import reboot
+    from vgpumgr.sim.reboot import reboot
 
     svc = make_service(tmp_path)
     res = svc.create_vm("web1", vgpus=["T4-4Q"])
@@ -253,7 +253,7 @@ def test_mig_backed_vm_end_to_end(tmp_path: Path) -> None:
 # -- reconcile ---------------------------------------------------------------------------------------
 
 def test_reconcile_after_a_simulated_reboot(tmp_path: Path) -> None:
-    from vgpumgr.sim.kernel import reboot
+    from vgpumgr.sim.reboot import reboot
 
     svc = make_service(tmp_path)
     a = svc.allocate("T4-4Q", vm="web1")

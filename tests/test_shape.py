@@ -42,6 +42,74 @@ def test_the_check_sees_an_import_of_the_simulator(tmp_path: Path) -> None:
     assert {"vgpumgr.sim.kernel", "vgpumgr.sim"} <= _imported_modules(bad)
 
 
+def _module_name(path: Path, root: Path) -> str:
+    name = ".".join(path.relative_to(root).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def import_graph(files: list[Path], root: Path) -> dict[str, set[str]]:
+    """module -> the project modules it imports anywhere in its body (lazy imports in functions too: a
+    cycle hidden in a function is still a cycle). `from package import submodule` names the submodule only."""
+    modules = {_module_name(p, root): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                edges |= subs or ({node.module} & modules.keys())
+        graph[name] = edges - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert import_cycles(import_graph(PRODUCTION, ROOT)) == []
+
+
+def test_the_cycle_check_sees_a_lazy_import_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "vgpumgr"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from vgpumgr import b\n")
+    (pkg / "b.py").write_text("def f():\n    from vgpumgr.a import x\n")
+    (pkg / "c.py").write_text("from vgpumgr import a\n")
+    files = sorted(pkg.glob("*.py"))
+    assert import_cycles(import_graph(files, tmp_path)) == [["vgpumgr.a", "vgpumgr.b"]]
+
+
 @pytest.mark.parametrize("path", PRODUCTION, ids=lambda p: str(p.relative_to(ROOT)))
 def test_long_modules_say_why(path: Path) -> None:
     lines = path.read_text().count("\n")

@@ -12,7 +12,7 @@ import pytest
 from simhost import make
 
 from vgpumgr.host import Host
-from vgpumgr.sim.kernel import reboot
+from vgpumgr.sim.reboot import reboot
 
 TOTAL = 32
 

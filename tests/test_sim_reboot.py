@@ -15,10 +15,11 @@ from vgpumgr.discovery.pci import discover_gpus
 from vgpumgr.host import Host
 from vgpumgr.inventory import discover_types
 from vgpumgr.nvml import NvmlLayer
-from vgpumgr.sim.kernel import KernelEmulator, reboot
+from vgpumgr.sim.kernel import KernelEmulator
 from vgpumgr.sim.mig_link import sync_from_nvml
 from vgpumgr.sim.nvml import SimNvml
 from vgpumgr.sim.platform import nvml_state_path as sim_state_path
+from vgpumgr.sim.reboot import reboot
 from vgpumgr.sim.tree import SimTree
 
 

@@ -11,8 +11,8 @@ import pytest
 from vgpumgr import compat
 from vgpumgr.config import Config
 from vgpumgr.service import Service
-from vgpumgr.sim import nvml_vgpus, profiles
-from vgpumgr.sim.kernel import reboot as sim_reboot
+from vgpumgr.sim import guests, nvml_vgpus, profiles
+from vgpumgr.sim.reboot import reboot as sim_reboot
 
 VM_A = "6f1c1a2e-0000-4000-8000-00000000000a"
 VM_B = "6f1c1a2e-0000-4000-8000-00000000000b"
@@ -32,7 +32,7 @@ def test_a_guest_on_a_vendor_vf_is_an_active_vgpu_until_it_stops(tmp_path: Path)
     gpu = nvml.nvmlDeviceGetHandleByPciBusId(a["gpu"])
     assert nvml.nvmlDeviceGetActiveVgpus(gpu) == []
 
-    inst = nvml_vgpus.start(svc.host.root, a["pci_address"], vm_uuid=VM_A, vm_name="a")
+    inst = guests.start(svc.host.root, a["pci_address"], vm_uuid=VM_A, vm_name="a")
     assert nvml.nvmlDeviceGetActiveVgpus(gpu) == [inst["id"]]
     assert nvml.nvmlVgpuInstanceGetVmID(inst["id"]) == (VM_A, pynvml.NVML_VGPU_VM_ID_UUID)
     assert nvml.nvmlVgpuTypeGetName(nvml.nvmlVgpuInstanceGetType(inst["id"])) == "NVIDIA L40S-2Q"
@@ -40,9 +40,9 @@ def test_a_guest_on_a_vendor_vf_is_an_active_vgpu_until_it_stops(tmp_path: Path)
     assert nvml.nvmlVgpuInstanceGetGpuInstanceId(inst["id"]) == nvml_vgpus.INVALID_GI
     assert nvml.nvmlVgpuInstanceGetVmDriverVersion(inst["id"]) == "Not Available"
     with pytest.raises(ValueError, match="already runs"):
-        nvml_vgpus.start(svc.host.root, a["pci_address"], vm_uuid=VM_B)
+        guests.start(svc.host.root, a["pci_address"], vm_uuid=VM_B)
 
-    assert nvml_vgpus.stop(svc.host.root, a["pci_address"])["id"] == inst["id"]
+    assert guests.stop(svc.host.root, a["pci_address"])["id"] == inst["id"]
     assert nvml.nvmlDeviceGetActiveVgpus(gpu) == []
     with pytest.raises(pynvml.NVMLError_NotFound):
         nvml.nvmlVgpuInstanceGetVmID(inst["id"])
@@ -51,29 +51,29 @@ def test_a_guest_on_a_vendor_vf_is_an_active_vgpu_until_it_stops(tmp_path: Path)
 def test_a_mig_backed_guest_runs_on_its_own_gpu_instance_and_a_reboot_ends_every_guest(tmp_path: Path) -> None:
     svc = service(tmp_path, "a100-mig")
     first, second = svc.allocate_mig("1g.10gb", vm="a"), svc.allocate_mig("1g.10gb", vm="b")
-    one = nvml_vgpus.start(svc.host.root, first["uuid"], vm_uuid=VM_A, guest_driver="580.95.05")
-    two = nvml_vgpus.start(svc.host.root, second["uuid"], vm_uuid=VM_B)
+    one = guests.start(svc.host.root, first["uuid"], vm_uuid=VM_A, guest_driver="580.95.05")
+    two = guests.start(svc.host.root, second["uuid"], vm_uuid=VM_B)
     assert one["mdev_uuid"] == first["uuid"] and one["vf"] == first["parent"]
     assert one["gi_id"] is not None and two["gi_id"] is not None and one["gi_id"] != two["gi_id"]
     nvml = svc.host.kernel.nvml_library()
     nvml.nvmlInit()
     assert nvml.nvmlVgpuInstanceGetMdevUUID(one["id"]) == first["uuid"]
     assert nvml.nvmlVgpuInstanceGetVmDriverVersion(one["id"]) == "580.95.05"
-    assert {i["id"] for i in nvml_vgpus.running(svc.host.root)} == {one["id"], two["id"]}
+    assert {i["id"] for i in guests.running(svc.host.root)} == {one["id"], two["id"]}
 
     sim_reboot(svc.host.root)
-    assert nvml_vgpus.running(svc.host.root) == []
+    assert guests.running(svc.host.root) == []
 
 
 def test_a_guest_needs_an_existing_vgpu_and_a_gpu_with_nvml(tmp_path: Path) -> None:
     svc = service(tmp_path, "l40s-vfio")
     with pytest.raises(ValueError, match="holds no vGPU type"):
-        nvml_vgpus.start(svc.host.root, "0000:3d:00.4", vm_uuid=VM_A)
+        guests.start(svc.host.root, "0000:3d:00.4", vm_uuid=VM_A)
     with pytest.raises(ValueError, match="no NVIDIA mdev"):
-        nvml_vgpus.start(svc.host.root, VM_B, vm_uuid=VM_A)
+        guests.start(svc.host.root, VM_B, vm_uuid=VM_A)
     t4 = service(tmp_path / "t4", "t4")
     with pytest.raises(ValueError, match="no simulated NVML"):
-        nvml_vgpus.start(t4.host.root, t4.allocate("T4-4Q", vm="a")["uuid"], vm_uuid=VM_A)
+        guests.start(t4.host.root, t4.allocate("T4-4Q", vm="a")["uuid"], vm_uuid=VM_A)
 
 
 SRC = compat.MigratingVgpu("NVIDIA L40S-4Q", device_id="26b9", gpu_name="NVIDIA L40S", host_driver="580.95.02",

@@ -11,11 +11,40 @@ the known tables against the plain set-based planner (tests/mig_reference.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from vgpumgr.mig import Placed, Profile, ProfileTable
+
+# What the search reads of vgpumgr.mig's Profile, Placed and ProfileTable (described here rather than
+# imported: mig imports this module).
+class Profile(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def compute_slices(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def starts(self) -> tuple[int, ...]: ...
+    @property
+    def max_instances(self) -> int: ...
+
+
+class Placed(Protocol):
+    @property
+    def profile_id(self) -> int: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
+
+class ProfileTable(Protocol):
+    @property
+    def memory_slices(self) -> int: ...
+    @property
+    def profiles(self) -> tuple[Profile, ...]: ...
+    @property
+    def compute_slices(self) -> int: ...
 
 State = tuple[int, int, tuple[tuple[int, int], ...]]  # (occupied mask, compute used, (profile id, count)...)
 

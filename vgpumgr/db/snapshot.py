@@ -8,20 +8,19 @@ tables, in one transaction; anything else (an older schema, PostgreSQL, a snapsh
 goes through Alembic as before. tests/test_db.py builds one database each way and compares them; after a
 new migration, write the snapshot again:
 
-    .venv/bin/python -m vgpumgr.db.snapshot        # rewrites migrations/sqlite-head.sql
+    .venv/bin/python scripts/schema_snapshot.py        # rewrites migrations/sqlite-head.sql
 """
 
 from __future__ import annotations
 
 import sqlite3
-import sys
 from pathlib import Path
 
 from vgpumgr.resources import data_dir
 
 FILE = "sqlite-head.sql"
 _HEADER = "-- vgpumgr schema at revision {rev}: what `alembic upgrade head` leaves in an empty SQLite database.\n"
-_HINT = "-- Written by `python -m vgpumgr.db.snapshot`; tests/test_db.py checks it against the migrations.\n"
+_HINT = "-- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.\n"
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -83,26 +82,3 @@ def create_if_empty(engine: Engine, revision: str) -> bool:
             driver.execute(sql)
     return True
 
-
-def main() -> int:
-    """Rewrite the snapshot from the migrations: an empty temporary database brought to head by Alembic."""
-    import tempfile
-
-    from vgpumgr.db import session
-
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{tmp}/head.db"
-        session.upgrade(url)
-        session.dispose_engine(url)
-        conn = sqlite3.connect(f"{tmp}/head.db")
-        try:
-            text = dump(conn, session.head_revision() or "")
-        finally:
-            conn.close()
-    path().write_text(text, encoding="utf-8")
-    print(f"wrote {path()} ({len(statements(text)[1])} statements)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

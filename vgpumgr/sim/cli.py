@@ -43,7 +43,7 @@ def hold(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def reboot(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.sim.kernel import reboot as sim_reboot
+    from vgpumgr.sim.reboot import reboot as sim_reboot
 
     cfg = config(args)
     if not cfg.host.simulated:

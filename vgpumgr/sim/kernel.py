@@ -302,9 +302,3 @@ def _held(root: Path, target: str) -> bool:
                 continue
     return False
 
-
-def reboot(root: Path) -> dict[str, Any]:
-    """A host reboot or driver reload: see vgpumgr.sim.reboot (kept here for existing callers)."""
-    from vgpumgr.sim.reboot import reboot as _reboot
-
-    return _reboot(root)
