@@ -11,8 +11,10 @@ from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
+from vgpumgr.ops import incoming as incoming_ops
 from vgpumgr.ops import leases as lease_ops
 from vgpumgr.ops import mig as mig_ops
+from vgpumgr.ops import migrate as migrate_ops
 from vgpumgr.ops import reconcile as reconcile_ops
 from vgpumgr.ops import restore as restore_ops
 from vgpumgr.ops import vms as vm_ops
@@ -56,6 +58,10 @@ class Service(Context):
     release_vm_vgpus = hook_ops.release_vm
     libvirt_prepare = hook_ops.libvirt_prepare
     libvirt_release = hook_ops.libvirt_release
+    libvirt_migrate = hook_ops.libvirt_migrate
+    migration_preflight = incoming_ops.preflight
+    migration_settle = incoming_ops.settle
+    migrate_vm = migrate_ops.migrate_vm
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.sim.nvml import SimNvml
-from vgpumgr.sim.platform import nvml_state_path
+from vgpumgr.sim.paths import nvml_state_path
 
 
 def _layer(root: Path) -> SimNvml:
@@ -45,7 +45,7 @@ def _device(root: Path, ref: str) -> tuple[str, str, str | None, str | None]:
 
 
 def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = None,
-          guest_driver: str | None = None) -> dict[str, Any]:
+          guest_driver: str | None = None, guest_vgpu_version: int | None = None) -> dict[str, Any]:
     """A VM opens the vGPU `ref` (mdev UUID or VF address): it becomes an active vGPU instance."""
     root = Path(root)
     vm_uuid = ids.mdev_uuid(vm_uuid)  # a domain UUID has the same form
@@ -64,7 +64,8 @@ def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = Non
         inst = {"id": state.get("next_vgpu_instance", 1), "uuid": str(uuidlib.uuid4()), "vm_uuid": vm_uuid,
                 "vm_name": vm_name, "mdev_uuid": mdev_uuid, "vf": vf, "type_id": type_id,
                 "gi_id": _free_gpu_instance(gpu, actives, spec_type.gi_profile_id), "guest_driver": guest_driver,
-                "started": time.time()}
+                # the version the guest's driver negotiates: the newest this host's vGPU manager offers
+                "guest_vgpu_version": guest_vgpu_version or nvml._range()[1], "started": time.time()}
         state["next_vgpu_instance"] = inst["id"] + 1
         actives.append(inst)
     return dict(inst, gpu=gpu_address)

@@ -38,6 +38,7 @@ from typing import Any
 import pynvml
 
 from vgpumgr import ids, mig
+from vgpumgr.sim.nvml_migration import VgpuMigration
 from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
 STATE_VERSION = 1
@@ -182,8 +183,10 @@ def _deref(ref: Any) -> Any:
     return obj
 
 
-class SimNvml(VgpuInstances):
+class SimNvml(VgpuInstances, VgpuMigration):
     """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
+
+    profiles = SIM_PROFILES
 
     def __init__(self, state_path: str | os.PathLike[str]) -> None:
         self.state_path = Path(state_path)
