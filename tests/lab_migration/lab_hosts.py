@@ -106,6 +106,8 @@ class LabHost:
         import libvirt
 
         if self._conn is None:
+            # libvirt-python prints every error to stderr by default; the tests look at the exceptions instead
+            libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
             self._conn = libvirt.open(self.uri)
         return self._conn
 
