@@ -218,3 +218,88 @@ def test_a_host_without_room_says_so_in_the_hooks_words(pair: list[SimHost]) -> 
     assert r.returncode == 1 and "T4-16Q" in r.stderr and not r.stdout
     with pytest.raises(NoCapacity):
         b.svc.libvirt_migrate("nope", xml)
+
+
+def test_the_persistent_definition_is_pointed_at_the_destinations_vgpus() -> None:
+    old = "9d2e8a44-5b1c-4d7e-8f00-00000000000a"
+    new = "9d2e8a44-5b1c-4d7e-8f00-00000000000b"
+    inactive = _xml("p1", domain.Hostdev("mdev", uuid=old), {"uuid": old, "backend": "mdev", "type": "nvidia-222"})
+    live = _xml("p1", domain.Hostdev("mdev", uuid=new), {"uuid": new, "backend": "mdev", "type": "nvidia-222"})
+    fixed = migration.persistent_fix(inactive, live)
+    assert fixed is not None and domain.referenced_devices(fixed)["mdev"] == [new]
+    assert [r["uuid"] for r in domain.read_allocations(fixed)] == [new]
+    assert migration.persistent_fix(live, live) is None
+
+
+def _seats(h: SimHost) -> list[tuple[str, str]]:
+    from vgpumgr import licensing
+    from vgpumgr.db.session import session_factory
+
+    with session_factory(h.server.cfg.db_url)() as s:
+        return [(x.host, x.vm) for u in licensing.usage(s) for x in u.holders]
+
+
+def _pool(h: SimHost, seats: int) -> None:
+    from vgpumgr import licensing
+    from vgpumgr.db.session import session_factory
+
+    with session_factory(h.server.cfg.db_url).begin() as s:
+        licensing.add_pool(s, name=f"vws-{h.name}", edition_name="vWS", seats=seats)
+
+
+def test_on_a_shared_database_the_seat_moves_with_the_vm_even_from_a_full_pool(
+        tmp_path: Path, pg_server: object) -> None:
+    url = pg_server.create_database()  # type: ignore[attr-defined]
+    with sim_hosts(tmp_path, "mixed", "mixed", licence_mode="enforce", db=url) as (a, b):
+        _pool(a, 1)  # one seat, for the whole fleet
+        a.svc.create_vm("cad9", vgpus=["L40S-2Q"], start=True)
+        assert _seats(a) == [("host-a", "cad9")]
+        with pytest.raises(Exception, match="licence seat"):
+            b.svc.allocate("L40S-2Q", vm="other")  # the pool is full
+        res = a.svc.migrate_vm("cad9", b.uri, dest=remote(b))
+        assert res["ok"]
+        assert _seats(a) == [("host-b", "cad9")]  # the same seat, now held by the VM on host-b
+        assert b.live("cad9")[0]["licence"] == "vWS" and a.live("cad9") == []
+
+
+def test_a_destination_without_a_free_seat_refuses(tmp_path: Path) -> None:
+    with sim_hosts(tmp_path, "mixed", "mixed", licence_mode="enforce") as (a, b):
+        _pool(a, 1)
+        _pool(b, 1)
+        a.svc.create_vm("cad8", vgpus=["L40S-2Q"], start=True)
+        b.svc.create_vm("local", vgpus=["L40S-2Q"])  # takes host-b's only seat
+        before = state(a, b)
+        with pytest.raises(Conflict, match="licence seat"):
+            a.svc.migrate_vm("cad8", b.uri)
+        assert state(a, b) == before
+
+
+def test_rest_migrates_and_offline_moves_a_shut_off_vm(pair: list[SimHost]) -> None:
+    import http.client
+    import socket
+
+    a, b = pair
+    a.svc.create_vm("rest1", vgpus=["T4-2Q"], start=True)
+    a.svc.create_vm("cold1", vgpus=["T4-2Q"])  # defined, shut off
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(str(a.server.sock))
+
+    def post(path: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+        c = Conn("localhost", timeout=120)
+        c.request("POST", path, json.dumps(body), {"Authorization": f"Bearer {a.operator_token}",
+                                                   "Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, json.loads(r.read())
+
+    status, body = post("/v1/vms/rest1/migrate", {"to": b.uri, "to_api": b.api, "to_token": b.operator_token})
+    assert status == 200 and body["ok"], body
+    status, body = post("/v1/vms/cold1/migrate", {"to": b.uri})
+    assert status == 409 and "shut off" not in str(body) and "running VM" in str(body)
+    status, body = post("/v1/vms/cold1/migrate", {"to": b.uri, "offline": True, "to_api": b.api,
+                                                  "to_token": b.operator_token})
+    assert status == 200, body
+    assert b.domains()["cold1"] == "shutoff" and b.domains()["rest1"] == "running"
+    assert [x["state"] for x in b.live("cold1")] == ["active"] and a.live("cold1") == []

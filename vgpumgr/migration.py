@@ -146,3 +146,17 @@ def metadata_xml(records: list[dict[str, Any]]) -> str:
     for record in records:
         root.append(_allocation_element(record))
     return etree.tostring(root, encoding="unicode")
+
+
+def persistent_fix(inactive_xml: str, live_xml: str) -> str | None:
+    """The destination's persistent definition with the vGPUs its running domain got there.
+
+    libvirt's migrate-begin hook filters the running domain's XML; the persistent definition libvirt keeps
+    at the destination comes from the source and still names the source's devices. The hook rewrites the
+    vGPU hostdevs in place, so the n-th vGPU of one is the n-th of the other. None: nothing to fix."""
+    old, new = incoming_vgpus(inactive_xml), incoming_vgpus(live_xml)
+    if len(old) != len(new) or any(o.kind != n.kind for o, n in zip(old, new, strict=True)):
+        return None
+    chosen = {o.ref: (n.record or ({"uuid": n.ref} if n.kind == BACKEND_MDEV else {"pci_address": n.ref}))
+              for o, n in zip(old, new, strict=True) if o.ref != n.ref or o.record != n.record}
+    return rewrite(inactive_xml, chosen) if chosen else None

@@ -54,6 +54,7 @@ _ERR_OPERATION_DENIED = 61
 _ERR_ACCESS_DENIED = 88
 _ERR_AUTH_FAILED = 45
 _ERR_DOM_EXIST = 52
+_ERR_HOOK_SCRIPT_FAILED = 70
 
 
 def _libvirt() -> Any:
@@ -82,6 +83,8 @@ def _translate(exc: Exception, action: str) -> VgpuError:
         return InvalidInput(msg, hint="libvirt refused the configuration; check the XML with --print-xml")
     if code in (_ERR_ACCESS_DENIED, _ERR_AUTH_FAILED, _ERR_OPERATION_DENIED):
         return PermissionDenied(msg, hint="run as root or as a member of the libvirt group")
+    if code == _ERR_HOOK_SCRIPT_FAILED:  # e.g. a migration's destination hook refused the incoming domain
+        return Conflict(msg, hint="a libvirt hook refused; its message above says why (nothing was changed)")
     if code == _ERR_NO_SUPPORT:
         return Unavailable(msg, hint="this libvirt driver does not support the operation")
     return VgpuError(msg, hint="libvirt's log (journalctl -u libvirtd or virtqemud) has the details")

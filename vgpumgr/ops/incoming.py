@@ -262,10 +262,12 @@ def arrived(svc: Context, domain: str, *, actor: str | None = None) -> list[int]
 
 
 def settle(svc: Context, domain: str, *, actor: str | None = None) -> list[int]:
-    """The migration finished (the source's `vm migrate` says so): the arrived vGPUs are plain records now.
+    """The migration finished (the source's `vm migrate` says so): the vGPUs that arrived (an offline migration's
+    too, whose domain never started here) are plain active records now.
     Without this call the same happens when their lease runs out: the dead-owner check finds the domain
     using them and keeps them (`vgpu.adopt`); a migration that never finished finds none and rolls back."""
     domain = ids.vm_name(domain)
+    arrived(svc, domain, actor=actor)  # an offline migration never starts the domain here: it arrived all the same
     with svc.tx() as s:
         h = svc.host_id(s)
         vm_row = store.get_vm(s, h, domain)

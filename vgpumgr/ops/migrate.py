@@ -137,6 +137,8 @@ def migrate_vm(svc: Context, name: str, to: str, *, offline: bool = False, dry_r
         raise
     svc.invalidate()
     released, errors = [], []
+    if transport is None and not offline and records:
+        errors += _fix_persistent_definition(to, name)
     for a in records:
         ref = a.get("uuid") or a.get("pci_address")
         try:
@@ -161,6 +163,22 @@ def migrate_vm(svc: Context, name: str, to: str, *, offline: bool = False, dry_r
                           "downtime_ms": stats.get("downtime") if stats else None})
     return {**result, "ok": not errors, "seconds": took, "released": released, "settled": settled,
             "errors": errors, "stats": stats or {}}
+
+
+def _fix_persistent_definition(to: str, name: str) -> list[dict[str, Any]]:
+    """Point the destination's persistent definition at the vGPUs the domain got there (see
+    migration.persistent_fix); a failure is reported, the VM runs on regardless."""
+    from vgpumgr.virt import Virt
+
+    try:
+        with Virt(to) as v:
+            fixed = migration.persistent_fix(v.xml(name, inactive=True), v.xml(name, migratable=True))
+            if fixed is not None:
+                v.define(fixed, replace=True, validate=False)
+    except VgpuError as e:
+        return [{"vgpu": None, "error": f"the persistent definition at {to} still names this host's vGPUs: {e.message}",
+                 "hint": f"redefine it there from the running domain (virsh -c {to} dumpxml {name})"}]
+    return []
 
 
 def _brief(a: dict[str, Any], facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
