@@ -6,7 +6,7 @@ simulated platform plays both libvirt daemons, in libvirt's order (docs/sources.
   destination  `migrate begin` (a filter: its stdout is the new XML; a non-zero exit cancels)
                `prepare begin`, `start begin`, `started begin`       (the incoming QEMU starts)
   transfer     job statistics move from all data remaining to none   (crash point `migrate-transfer`)
-  destination  the domain is defined there (persistent) and runs on
+  destination  the domain is defined there (persistent) and runs on    (crash point `migrate-finished`)
   source       the domain stops: `stopped end`, `release end`; it is undefined here
 
 A migration that fails after the destination prepared ends there with `stopped end` and `release end`
@@ -106,13 +106,15 @@ class SimMigration:
             self.dest.run_hook(name, "stopped", "end", new_xml)
             self.dest.run_hook(name, "release", "end", new_xml)
             raise
+        # libvirt's Finish (the destination runs on, persistent) comes before its Confirm (the source stops)
+        dest_virt.define(new_xml, validate=False)
+        dest_virt.start(name)
+        crash_point("migrate-finished")
         guests = self._stop_guests(svc, src_virt, name)
         src_virt.stop(name)
         if source is not None:
             source.run_hook(name, "stopped", "end", xml)
             source.run_hook(name, "release", "end", xml)
-        dest_virt.define(new_xml, validate=False)
-        dest_virt.start(name)
         src_virt.undefine(name)
         self._start_guests(new_xml, guests)
         return stats
