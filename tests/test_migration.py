@@ -303,3 +303,38 @@ def test_rest_migrates_and_offline_moves_a_shut_off_vm(pair: list[SimHost]) -> N
     assert status == 200, body
     assert b.domains()["cold1"] == "shutoff" and b.domains()["rest1"] == "running"
     assert [x["state"] for x in b.live("cold1")] == ["active"] and a.live("cold1") == []
+
+
+def test_drain_cordons_and_moves_each_vm_to_the_first_host_that_can_take_it(tmp_path: Path) -> None:
+    from simhost import run as cli
+
+    with sim_hosts(tmp_path, "mixed", "mixed", "mixed") as (a, b, c):
+        for vm in ("d1", "d2"):
+            a.svc.create_vm(vm, vgpus=["T4-4Q"], start=True)
+        a.svc.create_vm("idle", vgpus=["T4-4Q"])  # shut off: not drained (it runs nowhere)
+        c.svc.cordon_host(reason="fan")  # a cordoned destination takes no incoming VM
+        for n in range(3):
+            b.svc.allocate("T4-4Q", vm=f"filler{n}")  # host-b has room for one more T4-4Q
+        import os
+
+        files = []
+        for h in (c, b):
+            files += ["--to-token-file", str(tmp_path / f"{h.name}.token")]
+            (tmp_path / f"{h.name}.token").write_text(h.operator_token + "\n")
+        os.environ["VGPUMGR_HOSTNAME"] = a.name
+        try:
+            rc, out, err = cli("--sysfs-root", str(a.server.root), "--state-dir", str(a.server.cfg.state_dir),
+                               "--connect", a.server.cfg.libvirt_uri, "host", "drain", "--to", c.uri, "--to", b.uri,
+                               "--to-api", c.api, "--to-api", b.api, *files, "--json")
+        finally:
+            del os.environ["VGPUMGR_HOSTNAME"]
+        res = json.loads(out)
+        assert rc == 4 and res["cordoned"]
+        assert [m["to"] for m in res["moved"]] == [b.uri]
+        [stayed] = res["stayed"]
+        # host-c is cordoned; host-b is full after the first VM
+        assert "cordoned" in stayed["reasons"][c.uri] and "T4-4Q" in stayed["reasons"][b.uri]
+        assert a.svc.host_status()["cordoned"] and a.svc.host_status()["reason"] == "draining"
+        assert sorted(d for d, st in a.domains().items() if st == "running") == [stayed["vm"]]
+        assert b.domains()[res["moved"][0]["vm"]] == "running" and "idle" in a.domains()
+        assert c.live() == []

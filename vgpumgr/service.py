@@ -10,6 +10,7 @@ from vgpumgr.db.session import ensure_schema
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import cordon as cordon_ops
+from vgpumgr.ops import drain as drain_ops
 from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import incoming as incoming_ops
@@ -63,6 +64,7 @@ class Service(Context):
     migration_preflight = incoming_ops.preflight
     migration_settle = incoming_ops.settle
     migrate_vm = migrate_ops.migrate_vm
+    drain_host = drain_ops.drain
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
 

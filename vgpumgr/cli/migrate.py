@@ -11,19 +11,20 @@ from vgpumgr.cli.output import dump_json
 from vgpumgr.errors import InvalidInput
 
 
-def _remote(args: argparse.Namespace) -> Any:
+def _remote(args: argparse.Namespace, url: str | None = None, token_file: str | None = None) -> Any:
     from vgpumgr.remote import Remote
 
-    url = args.to_api or os.environ.get("VGPUMGR_TO_API")
+    url = url or (args.to_api if isinstance(args.to_api, str) else None) or os.environ.get("VGPUMGR_TO_API")
     if not url:
         return None
     token = os.environ.get("VGPUMGR_TO_TOKEN", "")
-    if args.to_token_file:
+    token_file = token_file or (args.to_token_file if isinstance(args.to_token_file, str) else None)
+    if token_file:
         try:
-            with open(args.to_token_file) as f:
+            with open(token_file) as f:
                 token = f.read().strip()
         except OSError as e:
-            raise InvalidInput(f"cannot read the token file {args.to_token_file}: {e.strerror}",
+            raise InvalidInput(f"cannot read the token file {token_file}: {e.strerror}",
                                hint="give a file holding a token of the destination's vgpumgr service") from None
     return Remote(url, token)
 
@@ -83,3 +84,28 @@ def migrate(args: argparse.Namespace, out: TextIO) -> int:
     for e in res["errors"]:
         out.write(f"  warning: {e['error']}" + (f" ({e['hint']})" if e.get("hint") else "") + "\n")
     return 0
+
+
+def drain(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.cli.vm import service
+
+    if len(args.to_api) > len(args.to):
+        raise InvalidInput("more --to-api than --to", hint="give each --to-api after the --to it belongs to")
+    files = args.to_token_file
+    if len(files) > 1 and len(files) != len(args.to_api):
+        raise InvalidInput("give one --to-token-file for all destinations, or one per --to-api",
+                           hint="each token file belongs to the --to-api of the same position")
+    dests = [(uri, _remote(args, args.to_api[n], files[n] if len(files) > 1 else (files[0] if files else None))
+              if n < len(args.to_api) else None) for n, uri in enumerate(args.to)]
+    res = service(args).drain_host(dests, reason=args.reason,
+                                   say=None if args.json else lambda line: sys.stderr.write(line + "\n"))
+    if args.json:
+        dump_json(out, res)
+        return 0 if not res["stayed"] else 4
+    out.write(f"host {res['host']} is cordoned (`vgpumgr host uncordon` when it may take VMs again)\n")
+    for m in res["moved"]:
+        out.write(f"  moved {m['vm']} to {m['to']} in {m['seconds']:.1f} s (migration {m['migration']})\n")
+    for s in res["stayed"]:
+        out.write(f"  {s['vm']} stays: " + "; ".join(f"{uri}: {why}" for uri, why in s["reasons"].items()) + "\n")
+    out.write(f"{len(res['moved'])} moved, {len(res['stayed'])} could not move\n")
+    return 0 if not res["stayed"] else 4

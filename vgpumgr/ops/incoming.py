@@ -136,8 +136,19 @@ def _pending(svc: Context, domain: str, mid: str) -> list[dict[str, Any]]:
     return [a for a in alloc.allocations(svc, vm=domain, live=True) if a.get("incoming", {}).get("migration") == mid]
 
 
-def _checked(xml: str) -> list[migration.IncomingVgpu]:
+def _not_cordoned(svc: Context) -> None:
+    from vgpumgr.ops.cordon import host_status
+
+    st = host_status(svc)
+    if st["cordoned"]:
+        raise Conflict(f"host {st['host']} is cordoned{': ' + st['reason'] if st['reason'] else ''}; it takes no "
+                       "incoming migrations", hint="choose another destination, or `vgpumgr host uncordon` there")
+
+
+def _checked(svc: Context, xml: str) -> list[migration.IncomingVgpu]:
     vgpus = migration.incoming_vgpus(xml)
+    if vgpus:
+        _not_cordoned(svc)
     for v in vgpus:
         if v.kind == BACKEND_PASSTHROUGH:
             raise Conflict(f"the domain passes the whole GPU {v.ref} through: a passed-through GPU's state cannot "
@@ -152,7 +163,7 @@ def _checked(xml: str) -> list[migration.IncomingVgpu]:
 def preflight(svc: Context, domain: str, xml: str) -> dict[str, Any]:
     """Where each vGPU of the incoming domain would land here, and why not: changes nothing."""
     domain = ids.vm_name(domain)
-    vgpus = _checked(xml)
+    vgpus = _checked(svc, xml)
     layer = _layer(svc)
     out = []
     for v in vgpus:
@@ -178,7 +189,7 @@ def receive(svc: Context, domain: str, xml: str, *, actor: str | None = None) ->
     """Reserve this host's vGPUs for an incoming domain; returns {"xml": the rewritten XML (None when the
     domain has no vGPU), "vgpus": [...]}. Raises with every reason when this host cannot take it."""
     domain = ids.vm_name(domain)
-    vgpus = _checked(xml)
+    vgpus = _checked(svc, xml)
     if not vgpus:
         return {"vm": domain, "xml": None, "vgpus": [], "migration": None}
     mid = _migration_id(vgpus)
