@@ -145,25 +145,45 @@ def _not_cordoned(svc: Context) -> None:
                        "incoming migrations", hint="choose another destination, or `vgpumgr host uncordon` there")
 
 
-def _checked(svc: Context, xml: str) -> list[migration.IncomingVgpu]:
+def _checked(svc: Context, domain: str, xml: str) -> list[migration.IncomingVgpu]:
+    """The incoming vGPUs this host must reserve. A vGPU the XML already points at here is left as it is: one
+    this host recorded for the same VM (prepared before the migration, as Nova and KubeVirt do), or a device
+    that exists here without a record of ours (another manager's, as at `prepare begin`)."""
     vgpus = migration.incoming_vgpus(xml)
     if vgpus:
         _not_cordoned(svc)
+    wanted = []
     for v in vgpus:
         if v.kind == BACKEND_PASSTHROUGH:
             raise Conflict(f"the domain passes the whole GPU {v.ref} through: a passed-through GPU's state cannot "
                            "move with a live migration", hint="shut the VM down and migrate it with --offline, or "
                                                              "detach the GPU first")
+        if _here_already(svc, domain, v):
+            continue
         if not (v.type_name or v.record.get("type")):
             raise InvalidInput(f"the domain's {v.kind} {v.ref} carries no vgpumgr record naming its vGPU type",
                                hint="migrate VMs made by vgpumgr, or add the type to the domain's vgpumgr metadata")
-    return vgpus
+        wanted.append(v)
+    return wanted
+
+
+def _here_already(svc: Context, domain: str, v: migration.IncomingVgpu) -> bool:
+    if v.facts.get("from_host"):  # vgpumgr's source sent it: its refs are the source's, never ours
+        return False
+    try:
+        rec = alloc.find_allocation(svc, v.ref)
+    except NotFound:
+        if v.type_name or v.record.get("type"):
+            return False  # a vgpumgr vGPU from elsewhere: it gets its own here (a new UUID where this one is taken)
+        inv = svc.snapshot(refresh=True).inventory
+        return any(m.uuid == v.ref for m in inv.mdevs) or any(x.address == v.ref for x in inv.vf_vgpus)
+    return rec["vm"] == domain
 
 
 def preflight(svc: Context, domain: str, xml: str) -> dict[str, Any]:
     """Where each vGPU of the incoming domain would land here, and why not: changes nothing."""
     domain = ids.vm_name(domain)
-    vgpus = _checked(svc, xml)
+    vgpus = _checked(svc, domain, xml)
     layer = _layer(svc)
     out = []
     for v in vgpus:
@@ -189,7 +209,7 @@ def receive(svc: Context, domain: str, xml: str, *, actor: str | None = None) ->
     """Reserve this host's vGPUs for an incoming domain; returns {"xml": the rewritten XML (None when the
     domain has no vGPU), "vgpus": [...]}. Raises with every reason when this host cannot take it."""
     domain = ids.vm_name(domain)
-    vgpus = _checked(svc, xml)
+    vgpus = _checked(svc, domain, xml)
     if not vgpus:
         return {"vm": domain, "xml": None, "vgpus": [], "migration": None}
     mid = _migration_id(vgpus)
