@@ -112,12 +112,19 @@ def _reserve_one(svc: Context, domain: str, v: migration.IncomingVgpu, mid: str,
             return mig_ops.allocate_mig(svc, v.mig_profile, vm=domain, policy=policy, actor=actor, detail=detail,
                                         lease_id=lease_id, activate=False)
         uuid = v.ref if v.kind == BACKEND_MDEV and not _uuid_taken(svc, v.ref) else None
-        return alloc.allocate(svc, v.type_name or v.record["type"], vm=domain, uuid=uuid, policy=policy,
+        return alloc.allocate(svc, _placeable(v), vm=domain, uuid=uuid, policy=policy,
                               actor=actor, detail=detail, lease_id=lease_id, activate=False)
     except NoCapacity as e:
         extra = [f"{g}: {verdict.reason}" for g, verdict in verdicts.items() if not verdict.live]
         raise NoCapacity(e.message + (f"; not allowed for a live migration: {'; '.join(extra)}" if extra else ""),
                          hint=e.hint) from e
+
+
+def _placeable(v: migration.IncomingVgpu) -> str:
+    """What placement is asked for: NVIDIA's type name (its ids differ from one GPU model to the next), any
+    other type by its id (mtty-2 means the same on every host; its name, "Dual port serial", may not be unique)."""
+    type_id = str(v.record.get("type") or "")
+    return v.type_name if type_id.startswith("nvidia-") or not type_id else type_id
 
 
 def _uuid_taken(svc: Context, uuid: str) -> bool:
@@ -195,7 +202,7 @@ def preflight(svc: Context, domain: str, xml: str) -> dict[str, Any]:
         elif v.mig_profile:
             entry.update(ok=True, gpu=allowed[0], note="a GPU instance of the same profile is reused or made")
         else:
-            decision = svc.place(v.type_name or v.record["type"], domain,
+            decision = svc.place(_placeable(v), domain,
                                  Policy(deny_gpus=frozenset(set(verdicts) - set(allowed))))
             c = decision.choice
             entry.update(ok=c is not None, gpu=c.gpu if c else None, parent=c.parent if c else None,
