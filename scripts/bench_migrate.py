@@ -55,7 +55,7 @@ def incoming_xml(name: str, count: int) -> str:
 
 def hook(env: dict[str, str], name: str, op: str, sub: str, xml: str) -> tuple[float, str]:
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, str(HOOK), name, op, sub, "-"], input=xml, env=env, capture_output=True,
+    r = subprocess.run([str(HOOK), name, op, sub, "-"], input=xml, env=env, capture_output=True,  # as libvirtd
                        text=True, timeout=60)
     took = (time.perf_counter() - t0) * 1000
     if r.returncode != 0:

@@ -30,8 +30,7 @@ def _live(svc: Context, uuid: str) -> dict[str, Any] | None:
 
 
 def _present(svc: Context, uuid: str) -> bool:
-    inv = svc.snapshot(refresh=True).inventory
-    return any(m.uuid == uuid for m in inv.mdevs)
+    return svc.host.mdev(uuid).exists()  # /sys/bus/mdev/devices/<uuid>: the kernel's own answer
 
 
 def ensure(svc: Context, *, uuid: str, type_name: str, vm: str, parent: str | None = None,

@@ -128,7 +128,7 @@ def _placeable(v: migration.IncomingVgpu) -> str:
 
 
 def _uuid_taken(svc: Context, uuid: str) -> bool:
-    if any(m.uuid == uuid for m in svc.snapshot(refresh=True).inventory.mdevs):
+    if svc.host.mdev(uuid).exists():  # the kernel's own answer, without re-reading the host
         return True
     with svc.reads() as s:
         return store.live_allocation(s, svc.host_id(s), uuid=uuid) is not None
