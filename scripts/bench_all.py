@@ -2,7 +2,7 @@
 """Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
 comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
 
-    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo]
+    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,migrate]
 
 Takes about 2-3 minutes (`--quick`: about one). The benchmarks are the scripts beside this one, run as
 separate processes with --json; a benchmark that cannot run (no PostgreSQL, no virt-install, no root for
@@ -178,6 +178,19 @@ def demo_rows(runs: int) -> list[Row]:
                 f"{r['on_disk_median_s']:.2f} s", "-", "-", "info")]
 
 
+def migrate_rows(runs: int) -> list[Row]:
+    rows = []
+    r, why = bench("bench_migrate.py", "--runs", str(runs))
+    for count in ("1", "4"):
+        what = f"live migration: destination hook's added time (migrate + prepare begin), {count} vGPU(s), p95"
+        if r is None:
+            rows.append(skipped(what, "<= 150 ms", why))
+            continue
+        v = r["vgpus"][count]
+        rows.append(at_most(what, v["p95_ms"], r["target_p95_ms"], "ms", extra=f" (p50 {v['p50_ms']:.0f} ms)"))
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     head = Row("what", "measured", "target", "ratio", "verdict")
     cols = list(zip(*[(r.what, r.measured, r.target, r.ratio, r.verdict) for r in [head, *rows]], strict=True))
@@ -194,7 +207,7 @@ def table(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
-    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo", help="comma-separated subset")
+    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate", help="comma-separated subset")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -212,6 +225,8 @@ def main() -> int:
         rows += discovery_rows(5 if a.quick else 15)
     if "demo" in only:
         rows += demo_rows(1 if a.quick else 3)
+    if "migrate" in only:
+        rows += migrate_rows(10 if a.quick else 30)
     if a.json:
         print(json.dumps([r.__dict__ for r in rows]))
     else:
