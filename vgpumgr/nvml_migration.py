@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import dataclasses
 from typing import Any
 
 from vgpumgr import compat, ids
@@ -86,15 +87,14 @@ def verdict(layer: NvmlLayer | None, candidate: compat.CandidateGpu, vgpu: compa
     n = layer.nvml
     meta = _metadata(n, nvml_metadata)
     if meta is None:
-        return compat.Verdict(rules.live, rules.limit, rules.reason + (" " if rules.reason else "") +
-                              "(the source's NVML metadata could not be read; NVIDIA's documented rules decided)")
+        return dataclasses.replace(rules, note="the source's NVML metadata could not be read here")
     try:
         pgpu = n.nvmlDeviceGetVgpuMetadata(layer._handle(candidate.address))
         answer = n.nvmlGetVgpuCompatibility(meta, pgpu)
-    except _errors(layer):
-        return rules
-    except VgpuError:  # the layer's NotFound: NVML does not see this GPU
-        return rules
+    except _errors(layer) as exc:  # NotSupported: no vGPU manager on this GPU
+        return dataclasses.replace(rules, note=f"NVML cannot compare here ({exc})")
+    except VgpuError as exc:  # the layer's NotFound: NVML does not see this GPU
+        return dataclasses.replace(rules, note=exc.message)
     return compat.from_nvml(int(answer.vgpuVmCompatibility), int(answer.compatibilityLimitCode))
 
 

@@ -20,9 +20,8 @@ import pynvml
 
 from vgpumgr import compat
 
-# [simulator's choice] the vGPU versions a vGPU manager of the 580 branch accepts; NVIDIA documents the
-# call, not the numbers
-DEFAULT_VGPU_RANGE = (0x120001, 0x130001)
+# what nvmlGetVgpuVersion answered on the real H100 with driver 580.159.04 (tests/fixtures/nvml/h100-vgpu.json)
+DEFAULT_VGPU_RANGE = (0x120001, 0x1A0001)
 _LIVE_AND_BELOW = (pynvml.NVML_VGPU_VM_COMPATIBILITY_COLD | pynvml.NVML_VGPU_VM_COMPATIBILITY_HIBERNATE
                    | pynvml.NVML_VGPU_VM_COMPATIBILITY_SLEEP | pynvml.NVML_VGPU_VM_COMPATIBILITY_LIVE)
 _LIMIT_BITS = {compat.LIMIT_HOST_DRIVER: pynvml.NVML_VGPU_COMPATIBILITY_LIMIT_HOST_DRIVER,
