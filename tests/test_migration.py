@@ -20,6 +20,7 @@ from vgpumgr.errors import Conflict, NoCapacity
 from vgpumgr.remote import Remote
 from vgpumgr.sim import guests
 from vgpumgr.sim.libvirtd import FAIL_ENV
+from vgpumgr.sim.nvml import write_state
 
 T4 = "0000:3b:00.0"
 L40S = "0000:3d:00.0"
@@ -156,14 +157,14 @@ def test_nvml_decides_where_the_guest_runs_and_a_newer_vgpu_manager_is_refused(p
     saved = nvml_state.read_text()
     st = json.loads(saved)
     st["driver_version"] = "590.10.01"
-    nvml_state.write_text(json.dumps(st))
+    write_state(nvml_state, st)
     try:
         report = a.svc.migrate_vm("gfx", b.uri, dest=remote(b), dry_run=True)
         assert not report["ok"]
         cands = report["preflight"]["vgpus"][0]["candidates"]
         assert cands[L40S]["source"] == "nvml" and cands[L40S]["limit"] == "host-driver"
     finally:
-        nvml_state.write_text(saved)
+        write_state(nvml_state, json.loads(saved))
     res = a.svc.migrate_vm("gfx", b.uri, dest=remote(b))
     assert res["vgpus"][0]["nvml"] == "ok"
     # the guest runs on at the destination: NVML there reports its vGPU for the same domain

@@ -86,13 +86,12 @@ def stop(root: str | Path, ref: str | int) -> dict[str, Any]:
     """The VM lets the vGPU go (shut down, migrated away): its instance ends. `ref`: mdev UUID, VF address,
     VM UUID or instance id."""
     nvml = _layer(Path(root))
-    key = str(ref).strip().lower()
     with nvml._mutate() as state:
+        inst = _find(state, ref)
         for gpu in state["gpus"]:
-            for inst in gpu.get("vgpu_instances", ()):
-                if key in (str(inst["id"]), inst["mdev_uuid"], inst["vf"], inst["vm_uuid"]):
-                    gpu["vgpu_instances"].remove(inst)
-                    return dict(inst, gpu=gpu["address"])
+            if inst in gpu.get("vgpu_instances", ()):
+                gpu["vgpu_instances"].remove(inst)
+                return dict(inst, gpu=gpu["address"])
     raise ValueError(f"no running guest on {ref}")
 
 
@@ -100,3 +99,54 @@ def running(root: str | Path) -> list[dict[str, Any]]:
     """Every active vGPU instance, with its GPU's address."""
     state = _layer(Path(root))._load()
     return [dict(inst, gpu=gpu["address"]) for gpu in state["gpus"] for inst in gpu.get("vgpu_instances", ())]
+
+
+def _find(state: dict[str, Any], ref: str | int) -> dict[str, Any]:
+    key = str(ref).strip().lower()
+    for gpu in state["gpus"]:
+        for inst in gpu.get("vgpu_instances", ()):
+            if key in (str(inst["id"]), inst["mdev_uuid"], inst["vf"], inst["vm_uuid"]):
+                return inst
+    raise ValueError(f"no running guest on {ref}")
+
+
+LOAD_KEYS = ("sm", "mem", "enc", "dec", "jpg", "ofa", "wobble")
+
+
+def set_load(root: str | Path, ref: str | int, *, fb_used_mb: int | None = None,
+             encoder: dict[str, int] | None = None, fbc: dict[str, int] | None = None,
+             frame_rate_limit: int | None = None, **load: float) -> dict[str, Any]:
+    """What the guest on `ref` does: per engine a base percentage (sm, mem, enc, dec, jpg, ofa) and `wobble`,
+    the framebuffer it uses, its encoder and FBC sessions ({"sessions", "fps", "latency_us"}), its frame rate
+    limit (see vgpumgr.sim.nvml_telemetry for how NVML answers from these)."""
+    bad = set(load) - set(LOAD_KEYS)
+    if bad:
+        raise ValueError(f"unknown load {sorted(bad)}; known: {', '.join(LOAD_KEYS)}")
+    nvml = _layer(Path(root))
+    with nvml._mutate() as state:
+        inst = _find(state, ref)
+        inst["load"] = {**(inst.get("load") or {}), **{k: float(v) for k, v in load.items()}}
+        if fb_used_mb is not None:
+            inst["fb_used_mb"] = int(fb_used_mb)
+        if encoder is not None:
+            inst["encoder"] = dict(encoder)
+        if fbc is not None:
+            inst["fbc"] = dict(fbc)
+        if frame_rate_limit is not None:
+            inst["frame_rate_limit"] = int(frame_rate_limit)
+        return dict(inst)
+
+
+LICENCE_STATES = {"unknown": 0, "uninitialized": 1, "unlicensed-unrestricted": 2, "unlicensed-restricted": 3,
+                  "unlicensed": 4, "licensed": 5}  # NVML_GRID_LICENSE_STATE_*
+
+
+def set_licence(root: str | Path, ref: str | int, state: str, *, expiry: float | None = None) -> dict[str, Any]:
+    """The licence state the guest's driver reports (`licensed`, `unlicensed`, ...), with an expiry (epoch s)."""
+    if state not in LICENCE_STATES:
+        raise ValueError(f"unknown licence state {state!r}; known: {', '.join(LICENCE_STATES)}")
+    nvml = _layer(Path(root))
+    with nvml._mutate() as st:
+        inst = _find(st, ref)
+        inst["licence"] = {"state": LICENCE_STATES[state], "expiry": expiry}
+        return dict(inst)

@@ -39,6 +39,7 @@ import pynvml
 
 from vgpumgr import ids, mig
 from vgpumgr.sim.nvml_migration import VgpuMigration
+from vgpumgr.sim.nvml_telemetry import VgpuTelemetry
 from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
 STATE_VERSION = 1
@@ -158,9 +159,30 @@ def reboot_state(state_path: str | os.PathLike[str]) -> dict[str, dict[str, Any]
 
 
 def _write(path: Path, state: dict[str, Any]) -> None:
+    """Replace the state file, then count a new generation (readers keep a parsed copy while both the count
+    and the file's identity are unchanged: see SimNvml._load). Call it holding the state's lock."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+    gen = _generation(path)
+    gtmp = path.with_name(path.name + ".gen.tmp")
+    gtmp.write_text(str((gen or 0) + 1))
+    os.replace(gtmp, path.with_name(path.name + ".gen"))
+
+
+def _generation(path: Path) -> int | None:
+    try:
+        return int(path.with_name(path.name + ".gen").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_state(state_path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Replace the whole state (tests and tools that set up a GPU by hand), as every writer here does."""
+    path = Path(state_path)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write(path, state)
 
 
 def _err(code: int) -> pynvml.NVMLError:
@@ -183,7 +205,7 @@ def _deref(ref: Any) -> Any:
     return obj
 
 
-class SimNvml(VgpuInstances, VgpuMigration):
+class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
     """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
 
     profiles = SIM_PROFILES
@@ -191,6 +213,7 @@ class SimNvml(VgpuInstances, VgpuMigration):
     def __init__(self, state_path: str | os.PathLike[str]) -> None:
         self.state_path = Path(state_path)
         self._state: dict[str, Any] | None = None
+        self._parsed_key: tuple[Any, ...] | None = None
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(pynvml, name)  # constants, structs, NVMLError classes
@@ -201,13 +224,28 @@ class SimNvml(VgpuInstances, VgpuMigration):
         return value
 
     # -- state ----------------------------------------------------------------------------------
+    def _key(self) -> tuple[Any, ...] | None:
+        """The state's generation and the file's identity: unchanged, the parsed copy is still the state."""
+        gen = _generation(self.state_path)
+        try:
+            st = os.stat(self.state_path)
+        except OSError as exc:
+            raise _err(pynvml.NVML_ERROR_GPU_NOT_FOUND) from exc
+        return None if gen is None else (gen, st.st_ino, st.st_size, st.st_mtime_ns)
+
     def _load(self) -> dict[str, Any]:
+        """The state as the file has it now. Every NVML call reads it; a parsed copy is kept while the file is
+        unchanged (a vGPU telemetry pass makes thousands of calls). Readers never change what it returns."""
         if self._state is None:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        key = self._key()
+        if key is not None and key == self._parsed_key:
+            return self._state
         try:
             self._state = json.loads(self.state_path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise _err(pynvml.NVML_ERROR_GPU_NOT_FOUND) from exc
+        self._parsed_key = key
         return self._state
 
     @contextmanager
@@ -215,7 +253,11 @@ class SimNvml(VgpuInstances, VgpuMigration):
         lock_path = self.state_path.with_name(self.state_path.name + ".lock")
         with open(lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._state is None:
+                raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._parsed_key = None  # a change starts from the file, never from a copy it may leave half-done
             state = self._load()
+            self._parsed_key = None
             yield state
             _write(self.state_path, state)
 
@@ -250,11 +292,11 @@ class SimNvml(VgpuInstances, VgpuMigration):
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
         if not self.state_path.is_file():
             raise _err(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-        self._state = {}
+        self._state, self._parsed_key = {}, None
         self._load()
 
     def nvmlShutdown(self) -> None:  # noqa: N802
-        self._state = None
+        self._state, self._parsed_key = None, None
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return self._load()["driver_version"]
