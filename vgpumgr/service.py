@@ -19,6 +19,7 @@ from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops import migrate as migrate_ops
 from vgpumgr.ops import reconcile as reconcile_ops
 from vgpumgr.ops import restore as restore_ops
+from vgpumgr.ops import telemetry as telemetry_ops
 from vgpumgr.ops import vms as vm_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context, Snapshot, hostname
 from vgpumgr.ops.records import allocation_dict, hostdev_for, metadata_for
@@ -65,6 +66,8 @@ class Service(Context):
     migration_settle = incoming_ops.settle
     migrate_vm = migrate_ops.migrate_vm
     drain_host = drain_ops.drain
+    telemetry = telemetry_ops.telemetry
+    licence_check = telemetry_ops.licence_check
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
 
