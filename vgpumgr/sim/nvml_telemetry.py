@@ -6,7 +6,8 @@ Each running vGPU (vgpumgr.sim.nvml_vgpus) carries a `load`: per engine a base p
 
     value(t) = clamp(base + wobble * sin(2 * pi * t / 60 s + instance id), 0, 100)
 
-so a test can compute what NVML answers at a given time (and freeze it with wobble 0). The framebuffer used,
+so a test can compute what NVML answers at a given time (and freeze it with wobble 0); where the vGPUs of one
+GPU together ask for more than 100 % of an engine, each gets its proportional share (`shares`). The framebuffer used,
 encoder/FBC sessions, fps and latency, the frame rate limit and the licence state are set per guest
 (vgpumgr.sim.guests.set_load / set_licence) and answered as they are. Every figure is the simulator's
 choice; the calls, structures and states are NVML's.
@@ -33,6 +34,18 @@ def engine_value(load: dict[str, Any], engine: str, instance_id: int, at: float)
     return int(round(min(100.0, max(0.0, value))))
 
 
+def shares(instances: list[dict[str, Any]], at: float) -> list[dict[str, int]]:
+    """Each running vGPU's utilisation per engine at `at`: what its load asks for, scaled down where the vGPUs of
+    one GPU ask for more than the whole engine (they share its time: together they never pass 100 %)."""
+    wanted = [{e: engine_value(i.get("load") or DEFAULT_LOAD, e, i["id"], at) for e in ENGINES} for i in instances]
+    for e in ENGINES:
+        total = sum(w[e] for w in wanted)
+        if total > 100:
+            for w in wanted:
+                w[e] = w[e] * 100 // total
+    return wanted
+
+
 class VgpuTelemetry:
     """pynvml's per-vGPU telemetry calls, mixed into SimNvml (which supplies `_read`, `_instance`, `_type`)."""
 
@@ -43,14 +56,15 @@ class VgpuTelemetry:
     def nvmlDeviceGetVgpuInstancesUtilizationInfo(self, handle: Any, timestamp: int) -> list[Any]:  # noqa: N802
         gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuInstancesUtilizationInfo")
         now = time.time()
+        instances = list(gpu.get("vgpu_instances", ()))
+        values = shares(instances, now)
         out = []
-        for inst in gpu.get("vgpu_instances", ()):
+        for inst, v in zip(instances, values, strict=True):
             sample = pynvml.c_nvmlVgpuInstanceUtilizationInfo_v1_t()
             sample.timeStamp = int(now * 1_000_000)
             sample.vgpuInstance = inst["id"]
-            load = inst.get("load") or DEFAULT_LOAD
             for engine in ENGINES:
-                getattr(sample, f"{engine}Util").uiVal = engine_value(load, engine, inst["id"], now)
+                getattr(sample, f"{engine}Util").uiVal = v[engine]
             out.append(sample)
         return out
 
