@@ -166,6 +166,17 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p.add_argument("target", metavar="UUID|BDF")
     p.add_argument("--by", default="qemu-system-x86", help="process name")
 
+    p = cmd(sim, ("sim", "guest"), "vgpumgr.sim.cli:guest",
+            "pretend a VM runs on a vGPU (NVML then reports it), set what its guest does, or stop it")
+    p.add_argument("action", choices=("start", "stop", "load", "licence", "list"))
+    p.add_argument("ref", nargs="?", metavar="UUID|BDF", help="the vGPU (mdev UUID or VF), or a running VM's UUID")
+    p.add_argument("--vm", metavar="NAME", help="start: the libvirt domain running it (default: its record's VM)")
+    p.add_argument("--load", action="append", default=[], metavar="ENGINE=PERCENT",
+                   help="load: sm, mem, enc, dec, jpg, ofa, wobble (repeat)")
+    p.add_argument("--fb-used-mb", type=int, metavar="MB")
+    p.add_argument("--state", metavar="STATE", help="licence: licensed, unlicensed, unlicensed-restricted, ...")
+    p.add_argument("--json", action="store_true")
+
     p = cmd(sub, ("demo",), "vgpumgr.sim.demo:demo", "walk through the main job on a simulated host")
     p.add_argument("--dir", metavar="DIR", help="where to build the simulated host (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the simulated host afterwards")
