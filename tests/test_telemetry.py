@@ -223,3 +223,17 @@ def test_the_web_views_need_a_token(tmp_path: Path) -> None:
     svc, _ = host(tmp_path)
     tokens.create_token(svc.cfg, "reader", "auditor")
     assert TestClient(create_app(svc.cfg, service=svc, watch=False)).get("/v1/telemetry").status_code == 401
+
+
+def test_the_grafana_dashboard_uses_only_metrics_the_service_exports(busy: tuple[Service, Path, dict[str, Any]]
+                                                                     ) -> None:
+    import re
+
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "scripts/grafana/vgpumgr-vgpus.json").read_text())
+    text = json.dumps(dashboard)
+    used = set(re.findall(r"vgpumgr_[a-z_]+", text))
+    exported = {name for name, _labels in scrape(busy[0])}
+    assert used and used <= exported, used - exported
+    assert {p["type"] for p in dashboard["panels"]} == {"timeseries", "table"}
+    assert any("vm" in json.dumps(p["targets"]) for p in dashboard["panels"])  # per VM
+    assert any("vgpumgr_gpu_" in json.dumps(p["targets"]) for p in dashboard["panels"])  # per GPU

@@ -44,6 +44,35 @@ def _device(root: Path, ref: str) -> tuple[str, str, str | None, str | None]:
     return mdev.gpu, mdev.type, uuid, vf
 
 
+def start_many(root: str | Path, guests: list[tuple[str, str, str | None]]) -> int:
+    """Start many guests at once ((ref, VM UUID, VM name) each): one read of the host, one state write
+    (benchmarks with hundreds of vGPUs). Returns how many started."""
+    from vgpumgr.host import Host
+    from vgpumgr.inventory import scan
+
+    root = Path(root)
+    inv = scan(Host(root))
+    mdevs = {m.uuid: m for m in inv.mdevs}
+    vfs = {v.address: v for v in inv.vf_vgpus}
+    nvml = _layer(root)
+    with nvml._mutate() as state:
+        by_gpu = {g["address"]: g for g in state["gpus"]}
+        next_id = state.get("next_vgpu_instance", 1)
+        for ref, vm_uuid, vm_name in guests:
+            m, v = mdevs.get(ref), vfs.get(ref)
+            gpu, type_dir = (m.gpu, m.type) if m else (v.gpu, v.type) if v else (None, None)
+            if gpu not in by_gpu or type_dir is None:
+                raise ValueError(f"{ref} is no vGPU of a GPU with a simulated NVML")
+            by_gpu[gpu].setdefault("vgpu_instances", []).append({
+                "id": next_id, "uuid": str(uuidlib.uuid4()), "vm_uuid": ids.mdev_uuid(vm_uuid), "vm_name": vm_name,
+                "mdev_uuid": ref if m else None, "vf": (m.parent if m and m.parent != m.gpu else None) if m else ref,
+                "type_id": ids.nvidia_type_id(type_dir), "gi_id": None, "guest_driver": None,
+                "guest_vgpu_version": nvml._range()[1], "started": time.time()})
+            next_id += 1
+        state["next_vgpu_instance"] = next_id
+    return len(guests)
+
+
 def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = None,
           guest_driver: str | None = None, guest_vgpu_version: int | None = None) -> dict[str, Any]:
     """A VM opens the vGPU `ref` (mdev UUID or VF address): it becomes an active vGPU instance."""

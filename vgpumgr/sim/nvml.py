@@ -212,8 +212,11 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
 
     def __init__(self, state_path: str | os.PathLike[str]) -> None:
         self.state_path = Path(state_path)
+        self._state_file = str(self.state_path)
+        self._gen_file = str(self.state_path.with_name(self.state_path.name + ".gen"))
         self._state: dict[str, Any] | None = None
         self._parsed_key: tuple[Any, ...] | None = None
+        self.instances: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # of the parsed copy, by id
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(pynvml, name)  # constants, structs, NVMLError classes
@@ -225,13 +228,21 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
 
     # -- state ----------------------------------------------------------------------------------
     def _key(self) -> tuple[Any, ...] | None:
-        """The state's generation and the file's identity: unchanged, the parsed copy is still the state."""
-        gen = _generation(self.state_path)
+        """The state's generation and the file's identity: unchanged, the parsed copy is still the state.
+        (Plain os calls on prepared strings: every simulated NVML call pays this.)"""
         try:
-            st = os.stat(self.state_path)
+            fd = os.open(self._gen_file, os.O_RDONLY)
+            try:
+                gen = os.read(fd, 32)
+            finally:
+                os.close(fd)
+        except OSError:
+            gen = b""
+        try:
+            st = os.stat(self._state_file)
         except OSError as exc:
             raise _err(pynvml.NVML_ERROR_GPU_NOT_FOUND) from exc
-        return None if gen is None else (gen, st.st_ino, st.st_size, st.st_mtime_ns)
+        return (gen, st.st_ino, st.st_size, st.st_mtime_ns) if gen.strip().isdigit() else None
 
     def _load(self) -> dict[str, Any]:
         """The state as the file has it now. Every NVML call reads it; a parsed copy is kept while the file is
@@ -246,6 +257,7 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
         except OSError as exc:
             raise _err(pynvml.NVML_ERROR_GPU_NOT_FOUND) from exc
         self._parsed_key = key
+        self.instances = {i["id"]: (g, i) for g in self._state.get("gpus", ()) for i in g.get("vgpu_instances", ())}
         return self._state
 
     @contextmanager

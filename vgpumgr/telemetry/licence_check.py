@@ -44,7 +44,9 @@ def _age(record: dict[str, Any] | None, now: float) -> float | None:
 
 
 def findings(svc: Context, snap: dict[str, Any]) -> list[dict[str, Any]]:
-    records = {a.get("uuid") or a.get("pci_address"): a for a in svc.allocations(live=True)}
+    from vgpumgr.telemetry.snapshot import live_records
+
+    records = {a.get("uuid") or a.get("pci_address"): a for a in live_records(svc)}
     out = []
     for row in snap["vgpus"]:
         state = row["licence"]["state"]
