@@ -69,6 +69,12 @@ def main() -> int:
                 "verdict_with_foreign_metadata": nvmig.verdict(layer, cand, vgpu, "NVIDIA H100XM-1-10C",
                                                                "AAAA").as_dict(),
             }
+        from vgpumgr.telemetry.read import Reader
+
+        gpus_read, notices = Reader(layer).read()  # what `vgpumgr top` and /metrics would show
+        report["telemetry_reader"] = {"notices": notices,
+                                      "gpus": [{"gpu": g.address, "vgpus": len(g.vgpus), "absent": g.absent}
+                                               for g in gpus_read]}
     json.dump(report, sys.stdout, indent=1, sort_keys=True, default=str)
     print()
     return 0
