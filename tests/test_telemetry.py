@@ -205,6 +205,9 @@ def test_no_vgpu_manager_means_no_data_said_once(tmp_path: Path, caplog: pytest.
     gpus, notices = Reader(NvmlLayer(ReplayNvml(REAL))).read()
     [gpu] = gpus
     assert gpu.vgpus == [] and "Not Supported" in (gpu.absent or "") and notices == []
+    # and on the real H100 itself (scripts/nvml_vgpu_check.py ran the reader there, read-only)
+    there = json.loads((Path(__file__).parent / "fixtures/nvml/h100-vgpu.json").read_text())["telemetry_reader"]
+    assert there == {"notices": [], "gpus": [{"gpu": gpu.address, "vgpus": 0, "absent": gpu.absent}]}
     svc, _root = host(tmp_path)
     from vgpumgr.telemetry.sampler import Sampler
 
