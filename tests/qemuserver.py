@@ -36,6 +36,7 @@ class QemuServer:
             shutil.rmtree(p, ignore_errors=True)
         self.log: list[str] = []
         self.qemu: dict[int, int] = {}  # vmid -> pid of its running QEMU
+        self.answers: dict[tuple[int, str], Any] = {}
 
     def env(self, **extra: str) -> dict[str, str]:
         paths = {"VGPUMGR_PVE_DIR": str(self.pve), "VGPUMGR_PVE_CONF_DIR": str(self.pve / "qemu-server"),
@@ -46,6 +47,7 @@ class QemuServer:
     def hook(self, vmid: int, phase: str) -> Any:
         r = run([str(PROXMOX), str(vmid), phase], self.env())
         self.log.append(f"{vmid} hook {phase} -> {r.returncode}")
+        self.answers[(vmid, phase)] = r  # the latest, per VM and phase
         return r
 
     # -- pci-id-reservations: "<id> <vmid> time:<epoch>|pid:<pid>" ------------------------------------
