@@ -5,7 +5,8 @@ A record is stale only on the host's own evidence, and anything that cannot be r
 
 - **Proxmox** (a VF whose type Proxmox writes, VM `pve-<vmid>`): no QEMU of the VM runs (qemu-server's test
   in `PVE/QemuServer/Helpers.pm` `vm_running_locally`: the pid in `<run dir>/<vmid>.pid` is a live process
-  whose command line is a QEMU started with `-pidfile` naming that file, so a reused pid does not count);
+  whose command line is a QEMU started with `-pidfile` naming that file, so a reused pid does not count,
+  nor does a zombie: pve-common's `check_process_running`);
   the VF exists and holds no vGPU type (Proxmox's cleanup wrote 0); no reservation in `pci-id-reservations`
   that qemu-server would honour names it (`PVE/QemuServer/PCI.pm` `reserve_pci_usage`: a `time:` entry not
   yet expired, or a `pid:` entry whose VM runs with that pid); no process holds its VFIO group or iommufd
