@@ -34,6 +34,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from vgpumgr import ids
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
@@ -201,10 +203,10 @@ def proxmox_evidence(svc: Context, vf: str, vmid: int, run_dir: Path,
     else:
         held_by = _reserving(vf, found, svc.host.proc, run_dir)
         ev["reservation"] = str(held_by) if held_by else None
-    ev["holders"] = nvidia_vf.holders(svc.host, vf) if ev["vf_type"] is not None else []
-    stale = runs is False and ev["vf_type"] == 0 and found is not None and ev["reservation"] is None \
-        and not ev["holders"]
-    return stale, ev
+    free = runs is False and ev["vf_type"] == 0 and found is not None and ev["reservation"] is None
+    # the /proc scan only when everything else says free: a running VM's record costs no scan
+    ev["holders"] = nvidia_vf.holders(svc.host, vf) if free else []
+    return free and not ev["holders"], ev
 
 
 def _holders(svc: Context, c: Candidate) -> list[str]:
@@ -216,24 +218,26 @@ def _holders(svc: Context, c: Candidate) -> list[str]:
 
 # -- finding them --------------------------------------------------------------------------------
 
-def candidates(svc: Context) -> list[Candidate]:
-    """Live, finished (no operation owns them) records that could be stale, Proxmox's and libvirt's."""
+def candidates(svc: Context, vfs: set[str] | None = None) -> list[Candidate]:
+    """Live, finished (no operation owns them) records of a VM that could be stale, Proxmox's and libvirt's
+    (only those on `vfs` when given): one query."""
+    stmt = (select(AllocRow, VmRow.name, VmRow.uuid, VmRow.updated_at).join(VmRow, VmRow.id == AllocRow.vm_id)
+            .where(AllocRow.state == ALLOC_ACTIVE, AllocRow.owner_pid.is_(None)).order_by(AllocRow.id))
+    if vfs is not None:
+        stmt = stmt.where(AllocRow.pci_address.in_(sorted(vfs)))
     out = []
     with svc.reads() as s:
-        for row in store.allocations(s, svc.host_id(s), state=ALLOC_ACTIVE):
-            if row.owner_pid is not None or row.vm_id is None:
-                continue
-            vm = s.get(VmRow, row.vm_id)
+        for row, name, vm_uuid, seen in s.execute(stmt.where(AllocRow.host_id == svc.host_id(s))):
             detail = row.detail or {}
             ref = row.uuid or row.pci_address
-            if vm is None or ref is None:
+            if ref is None:
                 continue
             if detail.get("kernel_owner") == KERNEL_OWNER_PROXMOX:
-                if row.pci_address and PVE_VM.match(vm.name):
-                    out.append(Candidate(row.id, ref, vm.name, PROXMOX, row.backend, row.type_id, detail.get("gpu")))
-            elif vm.uuid and not PVE_VM.match(vm.name) and not detail.get("kernel_owner"):
-                out.append(Candidate(row.id, ref, vm.name, LIBVIRT, row.backend, row.type_id, detail.get("gpu"),
-                                     vm_uuid=vm.uuid, vm_seen=vm.updated_at))
+                if row.pci_address and PVE_VM.match(name):
+                    out.append(Candidate(row.id, ref, name, PROXMOX, row.backend, row.type_id, detail.get("gpu")))
+            elif vm_uuid and not PVE_VM.match(name) and not detail.get("kernel_owner"):
+                out.append(Candidate(row.id, ref, name, LIBVIRT, row.backend, row.type_id, detail.get("gpu"),
+                                     vm_uuid=vm_uuid, vm_seen=seen))
     return out
 
 
@@ -352,8 +356,7 @@ def sweep(svc: Context, *, libvirt: bool = True, actor: str | None = None) -> di
 def release_stale_vfs(svc: Context, vfs: list[str], actor: str | None = None) -> list[dict[str, Any]]:
     """Proxmox's pre-start: release the stale records of other VMs on these candidate VFs (local evidence
     only), so that the start is judged on what the host really holds."""
-    wanted = {ids.pci_address(v) for v in vfs}
-    found = [c for c in candidates(svc) if c.kind == PROXMOX and c.ref in wanted]
+    found = [c for c in candidates(svc, {ids.pci_address(v) for v in vfs}) if c.kind == PROXMOX]
     return [release(svc, c, actor) for c in _proxmox_stale(svc, found)]
 
 
