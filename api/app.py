@@ -36,10 +36,14 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
     sampler = Sampler(service)
     # before the server binds its socket: a client that can connect finds no dead reservation left
     rolled_back_at_start = service.reap_dead_reservations(actor="vgpumgr:start")
+    # and no record a lost Proxmox post-stop left (local evidence only: libvirt is not asked here, as a libvirt
+    # hook may be what started the service and libvirtd answers nothing until that hook returns)
+    stale_at_start = service.release_stale_records(libvirt=False, actor="vgpumgr:start")["stale_records"]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.rolled_back_at_start = rolled_back_at_start
+        app.state.stale_released_at_start = stale_at_start
         app.state.inventory_updates = watcher.start() if watch else "ttl"
         if watch:
             sampler.start()

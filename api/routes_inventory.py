@@ -242,8 +242,9 @@ def hook_libvirt_release(body: DomainHook, svc: Service = Depends(service),
 @router.post("/hooks/proxmox/check", tags=["hooks"])
 def hook_proxmox_check(body: ProxmoxCheck, svc: Service = Depends(service),
                        token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
-    """Proxmox pre-start on a vendor-VF card: may the VM get this type on one of the VFs? Changes nothing;
-    409 with the reasons when it may not."""
+    """Proxmox pre-start on a vendor-VF card: may the VM get this type on one of the VFs? 409 with the
+    reasons when it may not. Changes no device; releases the VM's own leftover records and other VMs' stale
+    records on the candidate VFs (`released_stale`, audited as vgpu.release-stale)."""
     return svc.proxmox_check(body.vm, body.type, body.candidates, actor=token.actor)
 
 

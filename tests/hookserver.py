@@ -9,9 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from api import tokens
@@ -32,6 +32,9 @@ class Server:
     token: str
     conf_dir: Path
     cfg: Config
+    # the service's process stopped and started again on the same host and database
+    stop_service: Callable[[], None] = field(default=lambda: None, repr=False)
+    start_service: Callable[[], None] = field(default=lambda: None, repr=False)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
@@ -67,22 +70,34 @@ def running_server(tmp: Path, profile: str, scale: int = 1, vfs: int | None = No
     if hostname:
         env["VGPUMGR_HOSTNAME"] = hostname
     env.update(env_extra or {})
-    proc = subprocess.Popen([sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
-                             "--state-dir", str(cfg.state_dir), "--connect", cfg.libvirt_uri,
-                             *(["--db", db] if db else [])], cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
+    argv = [sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
+            "--state-dir", str(cfg.state_dir), "--connect", cfg.libvirt_uri, *(["--db", db] if db else [])]
+    procs = []
+
+    def start() -> None:
+        sock.unlink(missing_ok=True)
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        procs.append(proc)
         deadline = time.monotonic() + 60
         while not sock.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"server did not start: {(tmp / 'server.log').read_text()}")
             time.sleep(0.05)
+
+    def stop() -> None:
+        proc = procs[-1]
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+    try:
+        start()
         conf_dir = tmp / "pve/qemu-server"
         conf_dir.mkdir(parents=True)
-        yield Server(root, sock, token, conf_dir, cfg)
+        yield Server(root, sock, token, conf_dir, cfg, stop, start)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        if procs:
+            stop()
         log.close()
         shutil.rmtree(sock_dir, ignore_errors=True)
 

@@ -1,125 +1,27 @@
 """The Proxmox hookscript run as qemu-server runs it, for the three kinds of config: a legacy mdev card, a
 single NVIDIA vendor-specific VF, and a resource mapping of several VFs.
 
-`QemuServer` replays what qemu-server 8.2.5+ does around the hook phases (docs/sources.md §13, from qemu-server's
-`PVE/QemuServer.pm` and `PVE/QemuServer/PCI.pm`): pre-start hook; choose the first candidate VF that is neither
-reserved nor in use, reserve it in pci-id-reservations, write 0 then N to its current_vgpu_type (legacy: create
-the mdev with its UUID scheme unless it exists); QEMU runs (reservation now `pid:`); post-start hook. At stop:
-cleanup writes 0 again (legacy: removes the mdev) and drops the reservation, then the post-stop hook. Its sysfs
-writes go through the simulated kernel, as Proxmox's go to the real one. Every step is logged, in order.
+`QemuServer` (tests/qemuserver.py) replays what qemu-server 8.2.5+ does around the hook phases.
 """
 
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hookserver import PROXMOX, Server, run, running_server
+from qemuserver import QemuServer
 
 from vgpumgr import licensing
-from vgpumgr.host import Host
 from vgpumgr.service import Service
 
 FIXTURES = Path(__file__).parent / "fixtures/proxmox"
 T4 = "0000:3b:00.0"
 VF4, VF5, VF6 = "0000:3d:00.4", "0000:3d:00.5", "0000:3d:00.6"
 MAPPING = [VF4, VF5, VF6]  # pve1's devices in fixtures/proxmox/pci.cfg, in order
-
-
-class QemuServer:
-    def __init__(self, server: Server, pve: Path) -> None:
-        self.server, self.pve, self.host = server, pve, Host(server.root)
-        self.run_dir = pve.parent / "run-qemu-server"
-        self.run_dir.mkdir(exist_ok=True)
-        self.log: list[str] = []
-
-    def env(self, **extra: str) -> dict[str, str]:
-        paths = {"VGPUMGR_PVE_DIR": str(self.pve), "VGPUMGR_PVE_CONF_DIR": str(self.pve / "qemu-server"),
-                 "VGPUMGR_PVE_RUN_DIR": str(self.run_dir), "VGPUMGR_SYSFS_ROOT": str(self.server.root),
-                 "VGPUMGR_PVE_NODE": "pve1"}
-        return self.server.env(**{**paths, **extra})
-
-    def hook(self, vmid: int, phase: str) -> Any:
-        r = run([str(PROXMOX), str(vmid), phase], self.env())
-        self.log.append(f"{vmid} hook {phase} -> {r.returncode}")
-        return r
-
-    # -- pci-id-reservations -------------------------------------------------------------------------
-    @property
-    def reservations(self) -> Path:
-        return self.run_dir / "pci-id-reservations"
-
-    def reserved(self) -> dict[str, str]:
-        text = self.reservations.read_text() if self.reservations.exists() else ""
-        return {line.split()[0]: line.split()[1] for line in text.splitlines() if line.strip()}
-
-    def _write_reservations(self, entries: dict[str, str], tag: str) -> None:
-        self.reservations.write_text("".join(f"{a} {v} {tag}\n" for a, v in entries.items()))
-
-    # -- sysfs as Proxmox touches it ------------------------------------------------------------------
-    def vf_type(self, vf: str) -> int:
-        return int((self.host.pci(vf) / "nvidia/current_vgpu_type").read_text())
-
-    def _set_vf(self, vmid: int, vf: str, tid: int) -> bool:
-        if self.vf_type(vf) == tid:
-            return True
-        try:
-            self.host.write(self.host.pci(vf) / "nvidia/current_vgpu_type", "0")
-        except PermissionError:
-            pass  # the driver refuses 0 on a VF that holds nothing; Proxmox goes on
-        self.log.append(f"{vmid} write 0 {vf}")
-        creatable = (self.host.pci(vf) / "nvidia/creatable_vgpu_types").read_text().splitlines()[1:]
-        if str(tid) not in {line.split(":")[0].strip() for line in creatable}:
-            return False
-        self.host.write(self.host.pci(vf) / "nvidia/current_vgpu_type", str(tid))
-        self.log.append(f"{vmid} write {tid} {vf}")
-        return True
-
-    def start(self, vmid: int, cands: list[str], mdev: str, index: int = 0) -> bool:
-        if self.hook(vmid, "pre-start").returncode != 0:
-            self.log.append(f"{vmid} start aborted")
-            return False
-        if (self.host.pci(cands[0]) / "nvidia").is_dir():
-            tid = int(mdev.removeprefix("nvidia-"))
-            for vf in cands:
-                taken = self.reserved()
-                if vf in taken or self.vf_type(vf) != 0:
-                    continue
-                self._write_reservations({**taken, vf: str(vmid)}, f"time:{int(time.time()) + 5}")
-                self.log.append(f"{vmid} reserve {vf}")
-                if self._set_vf(vmid, vf, tid):
-                    break
-                self._write_reservations(taken, "time:0")
-            else:
-                self.log.append(f"{vmid} could not find a free device for 'hostpci{index}'")
-                return False
-        else:
-            uuid = f"{index:08d}-0000-0000-0000-{vmid:012d}"
-            if (self.host.pci(cands[0]) / uuid).exists():
-                self.log.append(f"{vmid} reuse mdev {uuid}")
-            else:
-                self.host.write(self.host.mdev_type(cands[0], mdev) / "create", uuid)
-                self.log.append(f"{vmid} create mdev {uuid}")
-        self.log.append(f"{vmid} qemu started")
-        self.hook(vmid, "post-start")
-        return True
-
-    def stop(self, vmid: int, legacy_uuid: str | None = None, post_stop: bool = True) -> None:
-        self.log.append(f"{vmid} qemu exited")
-        mine = [a for a, v in self.reserved().items() if v == str(vmid)]
-        for vf in mine:
-            self.host.write(self.host.pci(vf) / "nvidia/current_vgpu_type", "0")
-            self.log.append(f"{vmid} cleanup write 0 {vf}")
-        self._write_reservations({a: v for a, v in self.reserved().items() if v != str(vmid)}, "pid:4242")
-        if legacy_uuid and self.host.mdev(legacy_uuid).exists():
-            self.host.write(self.host.mdev(legacy_uuid) / "remove", "1")
-            self.log.append(f"{vmid} cleanup remove mdev {legacy_uuid}")
-        if post_stop:
-            self.hook(vmid, "post-stop")
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +98,7 @@ def test_vendor_vfs_single_and_mapping_with_seats_and_a_late_post_stop(server: S
 def test_post_start_without_a_reservation_takes_the_vf_that_holds_the_type(server: Server, qm: QemuServer) -> None:
     (qm.pve / "qemu-server/106.conf").write_text("hostpci0: mapping=l40s-vgpu,mdev=nvidia-1150\n")
     assert qm.hook(106, "pre-start").returncode == 0
-    qm._set_vf(106, VF5, 1150)  # no reservations file at all
+    qm.set_vf(106, VF5, 1150)  # no reservations file at all
     r = qm.hook(106, "post-start")
     assert r.returncode == 0 and f"recorded VF {VF5}" in r.stdout
     assert [x["pci_address"] for x in records(server, "pve-106")] == [VF5]

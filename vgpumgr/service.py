@@ -19,6 +19,7 @@ from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops import migrate as migrate_ops
 from vgpumgr.ops import reconcile as reconcile_ops
 from vgpumgr.ops import restore as restore_ops
+from vgpumgr.ops import stale as stale_ops
 from vgpumgr.ops import telemetry as telemetry_ops
 from vgpumgr.ops import vms as vm_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context, Snapshot, hostname
@@ -54,6 +55,7 @@ class Service(Context):
 
     reconcile = reconcile_ops.reconcile
     reap_dead_reservations = lease_ops.reap_locked
+    release_stale_records = stale_ops.sweep
     run_once = idem_ops.run_once
 
     # what the host-side hooks ask for (libvirt qemu hook, Proxmox hookscript, OpenStack preparation)

@@ -211,6 +211,11 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
         for d in r["dead_reservations"]:
             done = f" -> {d['action']}" if "action" in d else ""
             out.write(f"  {d['ref']}  {d['state']} for VM {d['vm'] or '-'}: {d['reason']}{done}\n")
+        out.write(f"stale records (VM gone, its release never came): {len(r['stale_records'])}\n")
+        for st in r["stale_records"]:
+            _stale_line(out, st)
+        if r.get("stale_unchecked"):
+            out.write(f"  not checked: {r['stale_unchecked']}\n")
         out.write(f"devices nobody recorded: {len(r['unknown'])}\n")
         for u in r["unknown"]:
             out.write(f"  {u.get('uuid') or u.get('address')}  {u.get('type')} on {u.get('parent') or u.get('gpu')}\n")
@@ -220,7 +225,21 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"  error: {e}\n")
     if r["errors"]:
         return 1
-    return 0 if (args.fix or not (r["missing"] or r["unknown"] or r["dead_reservations"])) else 10
+    return 0 if (args.fix or not (r["missing"] or r["unknown"] or r["dead_reservations"] or r["stale_records"])) else 10
+
+
+def _stale_line(out: TextIO, st: dict[str, Any]) -> None:
+    ev = st["evidence"]
+    done = ""
+    if "action" in st:  # --fix
+        why = st.get("why") or st.get("error")
+        done = f" -> {st['action']}" + (f" ({why})" if why else "")
+    out.write(f"  {st['vgpu']}  {st['type']} for VM {st['vm']} ({st['kind']}){done}\n")
+    if st["kind"] == "proxmox":
+        out.write(f"    {ev.get('qemu')}; VF type {ev.get('vf_type')}; reservation: {ev.get('reservation') or 'none'}; "
+                  f"held by: {', '.join(ev.get('holders') or []) or 'nobody'}\n")
+    else:
+        out.write(f"    {ev.get('domain')}; held by: {', '.join(ev.get('holders') or []) or 'nobody'}\n")
 
 
 def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:

@@ -17,6 +17,7 @@ from vgpumgr.model import BACKEND_NVIDIA_VF
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import incoming as incoming_ops
+from vgpumgr.ops import stale as stale_ops
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX, Owner
 from vgpumgr.ops.context import Context
 from vgpumgr.placement import Policy
@@ -168,6 +169,7 @@ def libvirt_prepare(svc: Context, domain: str, xml: str, *, actor: str | None = 
         outcome = _prepare_vf(svc, domain, address, meta.get(address, {}), key, actor)
         {"ready": ready, "created": created, "restored": restored}.get(outcome or "", []).append(address)
     arrived = incoming_ops.arrived(svc, domain, actor=actor)  # a migrating domain's vGPUs become active here
+    stale_ops.note_domain(svc, domain, xml)  # libvirt has it: once it is gone, its records can be judged stale
     return {"vm": domain, "ready": ready, "created": created, "restored": restored, "arrived": arrived}
 
 
@@ -189,7 +191,8 @@ def libvirt_release(svc: Context, domain: str, xml: str, *, grace: float = 0.0,
 def proxmox_check(svc: Context, vm: str, type_name: str, candidates: list[str], *,
                   actor: str | None = None) -> dict[str, Any]:
     """Proxmox runs pre-start only for a VM that is not running: VF records it still has are stale (a host
-    crash or reboot skipped post-stop) and would block its own VF, so they go first (records only)."""
+    crash or reboot skipped post-stop) and would block its own VF, so they go first (records only). So do
+    other VMs' records on the candidate VFs that the host shows stale (ops/stale.py: a post-stop lost or late)."""
     vm = ids.vm_name(vm)
     for a in alloc.allocations(svc, vm=vm, live=True):
         if a["backend"] == BACKEND_NVIDIA_VF:
@@ -197,7 +200,9 @@ def proxmox_check(svc: Context, vm: str, type_name: str, candidates: list[str], 
                 alloc.release(svc, a["pci_address"], actor=actor, owner=Owner(vm, allocation_id=a["id"]))
             except NotFound:
                 pass
-    return adopt_ops.check_start(svc, type_name, vm=vm, candidates=candidates, actor=actor)
+    released = stale_ops.release_stale_vfs(svc, candidates, actor=actor)
+    result = adopt_ops.check_start(svc, type_name, vm=vm, candidates=candidates, actor=actor)
+    return {**result, "released_stale": [r for r in released if r["action"] == "released"]}
 
 
 def proxmox_record(svc: Context, vm: str, type_name: str, vf: str, *, actor: str | None = None

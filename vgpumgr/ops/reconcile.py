@@ -1,6 +1,7 @@
 """Records against sysfs: recorded vGPUs that vanished (after a reboot or driver reload), devices nobody
-recorded, and dead reservations (left by a process that died mid-operation, or whose lease expired);
-`fix` re-creates the first, rolls back the third and, if asked, removes the second."""
+recorded, dead reservations (left by a process that died mid-operation, or whose lease expired) and stale
+records (a VM gone while its release hook never came, ops/stale.py); `fix` re-creates the first, rolls back
+the third, releases the fourth and, if asked, removes the second."""
 
 from __future__ import annotations
 
@@ -12,19 +13,20 @@ from vgpumgr.backends import nvidia_vf
 from vgpumgr.errors import VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import allocate as alloc
-from vgpumgr.ops import leases
+from vgpumgr.ops import leases, stale
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 
 
 def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, actor: str | None = None
               ) -> dict[str, Any]:
     """Compare records with sysfs: recorded vGPUs that vanished, and devices nobody recorded."""
+    found_stale, unchecked = stale.find(svc)  # before the host lock: libvirt may be asked
     with svc.locked():
         dead = leases.find_dead(svc)
-        dead_ids = {d.id for d in dead}
+        skip = {d.id for d in dead} | {c.id for c in found_stale}
         inv = svc.snapshot(refresh=True).inventory
-        # A dead reservation is not "missing": its device must never be re-created, only rolled back.
-        live = [a for a in alloc.allocations(svc, live=True) if a["id"] not in dead_ids]
+        # A dead reservation or a stale record is not "missing": its device must never be re-created.
+        live = [a for a in alloc.allocations(svc, live=True) if a["id"] not in skip]
         mdevs = {m.uuid: m for m in inv.mdevs}
         vfs = {v.address: v for v in inv.vf_vgpus}
         missing, unknown, restored, removed, errors = [], [], [], [], []
@@ -36,8 +38,9 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
             elif a["backend"] == BACKEND_NVIDIA_VF and a["pci_address"] not in vfs:
                 missing.append(a)
         recorded = {a["uuid"] for a in live if a["uuid"]} | {a["pci_address"] for a in live if a["pci_address"]}
-        recorded |= {d.ref for d in dead}  # their devices are the rollback's to remove
+        recorded |= {d.ref for d in dead} | {c.ref for c in found_stale}  # the rollback's or release's to remove
         rolled_back: list[dict[str, Any]] = []
+        stale_done: list[dict[str, Any]] = []
         unknown = [m.to_json() for m in inv.mdevs if m.uuid not in recorded]
         unknown += [v.to_json() for v in inv.vf_vgpus if v.address not in recorded]
         if fix:
@@ -46,6 +49,11 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
                 rolled_back.append(done)
                 if done["action"] == "failed":
                     errors.append(f"{d.ref}: {done['error']}")
+            for c in found_stale:
+                done = stale.release(svc, c, actor)  # its evidence taken again under the lock
+                stale_done.append(done)
+                if done["action"] == "failed":
+                    errors.append(f"{c.ref}: {done['error']}")
             for a in missing:
                 try:
                     if a["backend"] == BACKEND_MDEV:
@@ -71,8 +79,10 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
         report = {"missing": [a.get("uuid") or a.get("pci_address") for a in missing],
                   "missing_detail": missing, "unknown": unknown,
                   "dead_reservations": rolled_back if fix else [d.as_dict() for d in dead],
+                  "stale_records": stale_done if fix else [c.as_dict() for c in found_stale],
+                  "stale_unchecked": unchecked,
                   "restored": restored, "removed": removed, "errors": errors, "fixed": fix}
-        differs = missing or unknown or dead
+        differs = missing or unknown or dead or found_stale
         with svc.tx() as s:
             svc.event(s, audit.RECONCILE, FAILED if errors else (WARNING if differs and not fix else OK), actor=actor,
                        detail={k: v for k, v in report.items() if k != "missing_detail"})
