@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Response
 from sqlalchemy import text
 
-from api import problems, routes_admin, routes_inventory, routes_vms, ui
+from api import problems, routes_admin, routes_fleet, routes_inventory, routes_vms, ui
 from api.deps import service as service_dep
 from api.metrics import Metrics
 from api.watch import InventoryWatcher
@@ -52,6 +52,7 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
     app.include_router(routes_inventory.router)
     app.include_router(routes_vms.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_fleet.router)
     app.include_router(ui.router)
 
     @app.get("/v1/health", tags=["health"])

@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0005_restore: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0007_fleet: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -205,5 +205,13 @@ CREATE TABLE mig_gpu_instances (
 	CONSTRAINT uq_mig_gpu_instances_host_gpu_start UNIQUE (host_id, gpu, start), 
 	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
-INSERT INTO "alembic_version" VALUES('0005_restore');
+CREATE TABLE host_cordons (
+	host_id INTEGER NOT NULL, 
+	reason TEXT, 
+	cordoned_by VARCHAR(255) NOT NULL, 
+	cordoned_at DATETIME NOT NULL, 
+	PRIMARY KEY (host_id), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+INSERT INTO "alembic_version" VALUES('0007_fleet');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

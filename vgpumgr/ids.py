@@ -135,6 +135,18 @@ def vm_name(text: str) -> str:
     return s
 
 
+_HOST_NAME = _lazy(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+
+
+def host_name(text: str) -> str:
+    """A host as the fleet names it (its hostname, or VGPUMGR_HOSTNAME)."""
+    s = (text or "").strip()
+    if not _HOST_NAME.match(s):
+        raise InvalidInput(f"'{text}' is not a host name",
+                           hint="name it as `vgpumgr fleet hosts` lists it (letters, digits, '.', '_', '-')")
+    return s
+
+
 _TIMESLICED = _lazy(r"^(?P<gpu>[A-Za-z0-9]+(?:-[A-Za-z]+)*)-(?P<gb>0|[1-9][0-9]*)(?P<series>[ABCQ])(?P<b4>4)?$")
 _MIG = _lazy(
     r"^(?P<gpu>[A-Za-z0-9]+)-(?P<slices>[1-9])-(?P<gb>0|[1-9][0-9]*)(?P<series>[ABCQ])(?P<attr>ME|NOME|MEALL|GFX)?$"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from vgpumgr.db.session import ensure_schema
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
+from vgpumgr.ops import cordon as cordon_ops
 from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import leases as lease_ops
@@ -60,4 +61,9 @@ class Service(Context):
     proxmox_record = hook_ops.proxmox_record
 
     restore = restore_ops.restore
+
+    # the fleet: cordon (nothing new is placed here; see ops/cordon.py)
+    cordon_host = cordon_ops.cordon_host
+    uncordon_host = cordon_ops.uncordon_host
+    host_status = cordon_ops.host_status
 

@@ -40,6 +40,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.vm": ("vm",),
     "vgpumgr.cli.service": ("serve", "token", "install-units"),
     "vgpumgr.cli.restore": ("restore", "profile"),
+    "vgpumgr.cli.fleet": ("fleet", "host"),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 

@@ -89,7 +89,10 @@ def place(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def vgpu_create(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.cli.fleet import warn_if_cordoned
+
     svc, policy = service(args), policy_from(args)
+    warn_if_cordoned(svc)
 
     def run(key: str | None) -> tuple[int, Any]:
         return 0, svc.allocate(args.type, vm=args.vm, policy=policy, uuid=args.uuid, idempotency_key=key)

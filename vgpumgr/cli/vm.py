@@ -75,6 +75,9 @@ def create(args: argparse.Namespace, out: TextIO) -> int:
         out.write(dry_run(args))
         return 0
     svc = service(args)
+    from vgpumgr.cli.fleet import warn_if_cordoned
+
+    warn_if_cordoned(svc)
     res = svc.create_vm(args.name, vgpus=args.vgpu, passthrough=args.passthrough, mig=args.mig,
                         memory_mib=args.memory, vcpus=args.vcpus, disk=args.disk, network=args.network,
                         firmware=args.firmware, display=args.display, policy=policy_from(args), start=args.start,

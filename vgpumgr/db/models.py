@@ -338,3 +338,14 @@ class MigGpuInstance(Base):
     size: Mapped[int] = mapped_column(Integer)
     compute_instance: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class HostCordon(Base):
+    """A cordoned host: the fleet places nothing new on it (`vgpumgr host cordon`). No row: not cordoned."""
+
+    __tablename__ = "host_cordons"
+
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    cordoned_by: Mapped[str] = mapped_column(String(255))
+    cordoned_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
