@@ -60,6 +60,15 @@ def bind_unix_socket(path: str) -> socket.socket:
     return sock
 
 
+def _endpoint(sock: socket.socket | None, host: str, port: int) -> str | None:
+    """Where this service answers, as the fleet publishes it: unix:PATH or http://HOST:PORT."""
+    if sock is None:
+        shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+        return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+    name = sock.getsockname()
+    return f"unix:{name}" if isinstance(name, str) and name else None
+
+
 def serve(cfg: Config | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, uds: str | None = None,
           log_level: str = "info") -> None:
     """Serve until interrupted. With `uds`, listen on that unix socket (mode 0660) instead of TCP; a socket
@@ -72,6 +81,8 @@ def serve(cfg: Config | None = None, host: str = DEFAULT_HOST, port: int = DEFAU
         raise InvalidInput(f"port {port} is out of range", hint="use 1-65535; the default is 8470")
     app = create_app(cfg)
     sock = systemd_socket() or (bind_unix_socket(uds) if uds else None)
+    fleet = app.state.service.fleet  # the heartbeat starts with the server: it publishes where we answer
+    fleet.endpoint = fleet.endpoint or _endpoint(sock, host, port)
     if sock is None:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
         return

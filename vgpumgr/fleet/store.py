@@ -1,0 +1,325 @@
+"""The fleet's rows: what a host writes when it publishes, and the few indexed reads the fleet's views and its
+placer make (the hosts, one type's capacity rows, a VM's home).
+
+Time stamps come from the database server's clock on PostgreSQL (`now()`), so hosts whose clocks disagree still
+agree on whose heartbeat is old; SQLite serves one machine and uses its clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, case, delete, func, literal, or_, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from vgpumgr.db.models import (
+    LIVE_STATES,
+    Allocation,
+    FleetCapacity,
+    FleetGpu,
+    FleetHost,
+    Host,
+    HostCordon,
+    Vm,
+    utcnow,
+)
+from vgpumgr.fleet.capacity import GpuCapacity
+
+
+def _pg(s: Session) -> bool:
+    return s.get_bind().dialect.name == "postgresql"
+
+
+def _now(s: Session) -> Any:
+    return func.now() if _pg(s) else utcnow()
+
+
+# -- writes (the publishing host) ------------------------------------------------------------------------------
+# A host writes these after every change it makes, so they run at the driver, as db/prepared.py's statements do:
+# one statement per table whatever the number of rows (arrays through unnest on PostgreSQL, executemany on
+# SQLite); a row that did not change is not rewritten (PostgreSQL then writes no new row version for it).
+
+_GPU_COLS = ("model", "vendor_id", "device_id", "subsystem_vendor_id", "subsystem_device_id", "driver", "mode",
+             "numa_node", "vgpus")
+_CAP_COLS = ("name", "short", "backend", "framebuffer_mb", "free", "used", "max")
+_HOST_COLS = ("endpoint", "migration_uri", "driver_version", "version", "heartbeat_s", "stale_after_s", "gpus",
+              "vgpus")
+
+
+def _set(cols: Sequence[str], table: str) -> tuple[str, str]:
+    changed = " OR ".join(f"{table}.{c} IS DISTINCT FROM excluded.{c}" for c in cols)
+    return ", ".join(f"{c} = excluded.{c}" for c in cols), changed
+
+
+def _sqlite_set(cols: Sequence[str], table: str) -> tuple[str, str]:
+    return ", ".join(f"{c} = excluded.{c}" for c in cols), " OR ".join(
+        f"{table}.{c} IS NOT excluded.{c}" for c in cols)
+
+
+def _pg_gpus_sql() -> str:
+    sets, _ = _set((*_GPU_COLS, "published_at"), "g")
+    return ("INSERT INTO fleet_gpus AS g (host_id, address, " + ", ".join(_GPU_COLS) + ", published_at) "
+            "SELECT %(h)s, t.*, now() FROM unnest(%(address)s::varchar[], %(model)s::varchar[], "
+            "%(vendor_id)s::varchar[], %(device_id)s::varchar[], %(subsystem_vendor_id)s::varchar[], "
+            "%(subsystem_device_id)s::varchar[], "
+            "%(driver)s::varchar[], %(mode)s::varchar[], %(numa_node)s::int[], %(vgpus)s::int[]) AS t "
+            f"ON CONFLICT (host_id, address) DO UPDATE SET {sets}")
+
+
+def _pg_capacity_sql() -> str:
+    sets, changed = _set(_CAP_COLS, "c")
+    return ("INSERT INTO fleet_capacity AS c (host_id, gpu, type_id, " + ", ".join(_CAP_COLS) + ") "
+            "SELECT %(h)s, t.* FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], %(name)s::varchar[], "
+            "%(short)s::varchar[], %(backend)s::varchar[], %(framebuffer_mb)s::int[], %(free)s::int[], "
+            "%(used)s::int[], %(max)s::int[]) AS t "
+            f"ON CONFLICT (host_id, gpu, type_id) DO UPDATE SET {sets} WHERE {changed}")
+
+
+def _sqlite_gpus_sql() -> str:
+    sets, _ = _sqlite_set((*_GPU_COLS, "published_at"), "fleet_gpus")
+    cols = ("host_id", "address", *_GPU_COLS, "published_at")
+    return (f"INSERT INTO fleet_gpus ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            f"ON CONFLICT (host_id, address) DO UPDATE SET {sets}")
+
+
+def _sqlite_capacity_sql() -> str:
+    sets, changed = _sqlite_set(_CAP_COLS, "fleet_capacity")
+    cols = ("host_id", "gpu", "type_id", *_CAP_COLS)
+    return (f"INSERT INTO fleet_capacity ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            f"ON CONFLICT (host_id, gpu, type_id) DO UPDATE SET {sets} WHERE {changed}")
+
+
+def _host_sql(pg: bool) -> str:
+    cols = ("host_id", *_HOST_COLS, "heartbeat_at", "generation")
+    if pg:
+        values = ", ".join(f"%({c})s" for c in cols[:-2]) + ", now(), 1"
+        target = "h"
+    else:
+        values = ", ".join("?" * (len(cols) - 1)) + ", 1"
+        target = "fleet_hosts"
+    sets = ", ".join(f"{c} = excluded.{c}" for c in (*_HOST_COLS, "heartbeat_at"))
+    return (f"INSERT INTO fleet_hosts{' AS h' if pg else ''} ({', '.join(cols)}) VALUES ({values}) ON CONFLICT "
+            f"(host_id) DO UPDATE SET {sets}, generation = {target}.generation + 1")
+
+
+_SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "host": _host_sql(True)},
+        "sqlite": {"gpus": _sqlite_gpus_sql(), "capacity": _sqlite_capacity_sql(), "host": _host_sql(False)}}
+
+
+def _sqlite_now() -> str:
+    return utcnow().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")  # as SQLAlchemy stores a DateTime there
+
+
+def _run(s: Session, name: str, params: Any, many: bool = False) -> None:
+    """One of the statements above on the session's own connection (its transaction), at the driver."""
+    from vgpumgr.db import prepared
+
+    conn = s.connection()
+    sql = _SQL[conn.dialect.name][name]
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        if many:
+            cursor.executemany(sql, params)
+        else:
+            cursor.execute(sql, params)
+    except Exception as exc:
+        conn._handle_dbapi_exception(exc, sql, params, cursor, None)  # SQLAlchemy's errors, as Connection.execute
+        raise
+    finally:
+        cursor.close()
+    prepared.executed += 1  # the benchmarks count statements run beside the engine's events
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    endpoint: str | None
+    migration_uri: str | None
+    driver_version: str | None
+    version: str
+    heartbeat_s: float
+    stale_after_s: float
+
+
+def write_host(s: Session, host_id: int, facts: HostFacts, gpus: int, vgpus: int) -> None:
+    """This host's row, heartbeat now, one generation further."""
+    values = {"host_id": host_id, "endpoint": facts.endpoint, "migration_uri": facts.migration_uri,
+              "driver_version": facts.driver_version, "version": facts.version, "heartbeat_s": facts.heartbeat_s,
+              "stale_after_s": facts.stale_after_s, "gpus": gpus, "vgpus": vgpus}
+    if _pg(s):
+        _run(s, "host", values)
+    else:
+        _run(s, "host", [*values.values(), _sqlite_now()])
+
+
+def beat(s: Session, host_id: int) -> int:
+    """Only the heartbeat (when the host's state could not be read now): rows changed (0: never published)."""
+    return s.execute(update(FleetHost).where(FleetHost.host_id == host_id)
+                     .values(heartbeat_at=_now(s))).rowcount or 0
+
+
+def write_gpus(s: Session, host_id: int, gpus: Sequence[GpuCapacity], prune_types: bool) -> None:
+    """The GPUs' rows and every type row of theirs; with `prune_types`, type rows no longer offered go."""
+    if not gpus:
+        return
+    types = [(g.address, t) for g in gpus for t in g.types]
+    if _pg(s):
+        _run(s, "gpus", {"h": host_id, "address": [g.address for g in gpus],
+                         **{c: [getattr(g, c) for g in gpus] for c in _GPU_COLS}})
+        if types:
+            _run(s, "capacity", {"h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
+                                 **{c: [getattr(t, c) for _, t in types] for c in _CAP_COLS}})
+    else:
+        now = _sqlite_now()
+        _run(s, "gpus", [(host_id, g.address, *(getattr(g, c) for c in _GPU_COLS), now) for g in gpus], many=True)
+        if types:
+            _run(s, "capacity", [(host_id, a, t.type, *(getattr(t, c) for c in _CAP_COLS)) for a, t in types],
+                 many=True)
+    if prune_types:
+        keep = [(a, t.type) for a, t in types]
+        gone = delete(FleetCapacity).where(FleetCapacity.host_id == host_id,
+                                           FleetCapacity.gpu.in_([g.address for g in gpus]))
+        if keep:
+            gone = gone.where(tuple_(FleetCapacity.gpu, FleetCapacity.type_id).not_in(keep))
+        s.execute(gone)
+
+
+def prune_gpus(s: Session, host_id: int, keep: Iterable[str]) -> None:
+    """GPUs the host no longer has (their type rows go with them)."""
+    keep = list(keep)
+    s.execute(delete(FleetCapacity).where(FleetCapacity.host_id == host_id, FleetCapacity.gpu.not_in(keep)))
+    s.execute(delete(FleetGpu).where(FleetGpu.host_id == host_id, FleetGpu.address.not_in(keep)))
+
+
+# -- reads (anyone) ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostRow:
+    host_id: int
+    name: str
+    endpoint: str | None
+    migration_uri: str | None
+    driver_version: str | None
+    version: str
+    heartbeat_s: float
+    stale_after_s: float
+    heartbeat_at: datetime
+    age_s: float  # seconds since its last heartbeat, by the database's clock
+    generation: int
+    gpus: int
+    vgpus: int
+    cordoned: bool
+    cordon_reason: str | None
+    cordoned_by: str | None
+
+    @property
+    def stale(self) -> bool:
+        return self.age_s > self.stale_after_s
+
+
+def hosts(s: Session, names: Iterable[str] | None = None) -> list[HostRow]:
+    """Every host that has published, with its cordon and its heartbeat's age (one query)."""
+    h, c = FleetHost, HostCordon
+    q = (select(h.host_id, Host.name, h.endpoint, h.migration_uri, h.driver_version, h.version, h.heartbeat_s,
+                h.stale_after_s, h.heartbeat_at, h.generation, h.gpus, h.vgpus, c.host_id.is_not(None), c.reason,
+                c.cordoned_by, _now(s) if _pg(s) else literal(None))
+         .join(Host, Host.id == h.host_id).outerjoin(c, c.host_id == h.host_id).order_by(Host.name))
+    if names is not None:
+        q = q.where(Host.name.in_(list(names)))
+    out = []
+    now = None
+    for r in s.execute(q):
+        now = now or _aware(r[15]) or utcnow()
+        beat_at = _aware(r[8])
+        out.append(HostRow(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]), float(r[7]), beat_at,
+                           max(0.0, (now - beat_at).total_seconds()), r[9], r[10], r[11], bool(r[12]), r[13], r[14]))
+    return out
+
+
+def _aware(value: Any) -> Any:
+    if value is None or not isinstance(value, datetime):
+        return value
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+@dataclass(frozen=True)
+class OfferRow:
+    """One GPU's capacity for the wanted type, with the GPU's facts."""
+
+    host_id: int
+    gpu: str
+    type_id: str
+    name: str
+    free: int
+    used: int
+    max: int | None
+    model: str
+    device_id: str
+    subsystem_device_id: str | None
+    mode: str
+    numa_node: int | None
+
+
+def type_match(wanted: str) -> tuple[str, str]:
+    """(short name, type id) a request names: `GRID T4-4Q` and `T4-4Q` are one type; `nvidia-232` an id."""
+    from vgpumgr.ids import parse_type_name
+
+    w = wanted.strip()
+    parsed = parse_type_name(w)
+    return (parsed.short if parsed else w.split()[-1] if w else w), w
+
+
+def offers(s: Session, wanted: str, host_ids: Iterable[int] | None = None) -> list[OfferRow]:
+    """Every published GPU's row for the type `wanted` names (one indexed query)."""
+    short, type_id = type_match(wanted)
+    c, g = FleetCapacity, FleetGpu
+    q = (select(c.host_id, c.gpu, c.type_id, c.name, c.free, c.used, c.max, g.model, g.device_id,
+                g.subsystem_device_id, g.mode, g.numa_node)
+         .join(g, and_(g.host_id == c.host_id, g.address == c.gpu))
+         .where(or_(c.short == short, c.type_id == type_id)))
+    if host_ids is not None:
+        q = q.where(c.host_id.in_(list(host_ids)))
+    return [OfferRow(*r) for r in s.execute(q)]
+
+
+def gpus(s: Session, host_ids: Iterable[int] | None = None) -> list[tuple[FleetGpu, int, int, int]]:
+    """Published GPUs with, per GPU, (types offered, types with a free instance, free instances in all)."""
+    c = FleetCapacity
+    counts = (select(c.host_id, c.gpu, func.count().label("types"),
+                     func.sum(case((c.free > 0, 1), else_=0)).label("open"),
+                     func.sum(c.free).label("free"))
+              .group_by(c.host_id, c.gpu).subquery())
+    q = (select(FleetGpu, counts.c.types, counts.c.open, counts.c.free)
+         .outerjoin(counts, and_(counts.c.host_id == FleetGpu.host_id, counts.c.gpu == FleetGpu.address))
+         .order_by(FleetGpu.host_id, FleetGpu.address))
+    if host_ids is not None:
+        q = q.where(FleetGpu.host_id.in_(list(host_ids)))
+    return [(r[0], int(r[1] or 0), int(r[2] or 0), int(r[3] or 0)) for r in s.execute(q)]
+
+
+def capacity_by_type(s: Session) -> list[dict[str, Any]]:
+    """Per type short name across the fleet: hosts and GPUs that offer it, and free and used instances."""
+    c = FleetCapacity
+    q = (select(c.short, func.min(c.name), func.count(func.distinct(c.host_id)), func.count(),
+                func.sum(c.free), func.sum(c.used), func.min(c.framebuffer_mb))
+         .group_by(c.short).order_by(func.min(c.framebuffer_mb), c.short))
+    return [{"type": r[0], "name": r[1], "hosts": int(r[2]), "gpus": int(r[3]), "free": int(r[4] or 0),
+             "used": int(r[5] or 0), "framebuffer_mb": r[6]} for r in s.execute(q)]
+
+
+@dataclass(frozen=True)
+class VmVgpu:
+    host_id: int
+    host: str
+    type_name: str | None
+    gpu: str | None
+
+
+def vm_vgpus(s: Session, vm: str) -> list[VmVgpu]:
+    """The live vGPUs of VM `vm` on whichever host records them (the VM name index)."""
+    q = (select(Allocation.host_id, Host.name, Allocation.type_name, Allocation.detail)
+         .join(Vm, Vm.id == Allocation.vm_id).join(Host, Host.id == Allocation.host_id)
+         .where(Vm.name == vm, Allocation.state.in_(LIVE_STATES)).order_by(Host.name, Allocation.id))
+    return [VmVgpu(r[0], r[1], r[2], (r[3] or {}).get("gpu")) for r in s.execute(q)]

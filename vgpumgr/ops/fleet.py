@@ -1,0 +1,145 @@
+"""The fleet's use cases: publish this host now, list what the hosts published, and choose a host.
+
+Reads are a few indexed queries over the published rows (vgpumgr.fleet.store); the choice is the pure
+vgpumgr.fleet.place. Nothing here allocates: the chosen host's own service does, and its placement decides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpumgr import compat, ids
+from vgpumgr.db.models import FleetGpu
+from vgpumgr.errors import Busy, InvalidInput, NotFound
+from vgpumgr.fleet import place as fleet_place
+from vgpumgr.fleet import store
+from vgpumgr.ops.context import Context
+
+HEARTBEAT_LOCK_WAIT_S = 5.0
+
+
+def publish(svc: Context, *, heartbeat: bool = False) -> dict[str, Any]:
+    """Re-read this host and publish all of it (the heartbeat, `vgpumgr fleet publish`). Under the host lock, so
+    no change of this host lands between the reading and the writing; when the lock stays taken (a long
+    operation), only the heartbeat's time stamp is written."""
+    try:
+        with svc.locked(timeout=HEARTBEAT_LOCK_WAIT_S):
+            svc.snapshot(refresh=True)
+            with svc.tx() as s:
+                n = svc.fleet.publish(s, full=True, heartbeat=heartbeat)
+    except Busy:
+        with svc.tx() as s:
+            store.beat(s, svc.host_id(s))
+        return {"host": svc.hostname, "gpus_written": 0, "busy": True, "ms": 0.0}
+    return {"host": svc.hostname, "gpus_written": n, "busy": False, "ms": round(svc.fleet.last_ms, 3)}
+
+
+def _host_dict(h: store.HostRow) -> dict[str, Any]:
+    return {"host": h.name, "endpoint": h.endpoint, "migration_uri": h.migration_uri,
+            "driver_version": h.driver_version, "vgpumgr_version": h.version, "gpus": h.gpus, "vgpus": h.vgpus,
+            "heartbeat_at": h.heartbeat_at.isoformat(), "heartbeat_age_s": round(h.age_s, 3),
+            "heartbeat_s": h.heartbeat_s, "stale_after_s": h.stale_after_s, "stale": h.stale,
+            "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "generation": h.generation}
+
+
+def hosts(svc: Context) -> list[dict[str, Any]]:
+    """Every host that published, with its heartbeat's age, whether it is stale, and its cordon."""
+    with svc.reads() as s:
+        return [_host_dict(h) for h in store.hosts(s)]
+
+
+def _host_ids(s: Any, host: str | None) -> tuple[list[store.HostRow], list[int] | None]:
+    rows = store.hosts(s)
+    if host is None:
+        return rows, None
+    name = ids.host_name(host)
+    found = [h for h in rows if h.name == name]
+    if not found:
+        raise NotFound(f"host {name} has published nothing",
+                       hint="`vgpumgr fleet hosts` lists the hosts that did; a host publishes while `vgpumgr serve` "
+                            "runs there")
+    return found, [found[0].host_id]
+
+
+def gpus(svc: Context, host: str | None = None, type_name: str | None = None) -> list[dict[str, Any]]:
+    """The published GPUs (of one host), with their free instances of `type_name` when given."""
+    with svc.reads() as s:
+        rows, host_ids = _host_ids(s, host)
+        names = {h.host_id: h for h in rows}
+        offered = {(o.host_id, o.gpu): o for o in store.offers(s, type_name, host_ids)} if type_name else None
+        out = []
+        for g, types, open_types, _free in store.gpus(s, host_ids):
+            h = names.get(g.host_id)
+            if h is None or (offered is not None and (g.host_id, g.address) not in offered):
+                continue
+            d = {"host": h.name, "address": g.address, "model": g.model, "pci_id": f"{g.vendor_id}:{g.device_id}",
+                 "subsystem_id": f"{g.subsystem_vendor_id}:{g.subsystem_device_id}" if g.subsystem_device_id
+                 else None, "driver": g.driver, "driver_version": h.driver_version, "mode": g.mode,
+                 "numa_node": g.numa_node, "vgpus": g.vgpus, "types": types, "types_free": open_types,
+                 "stale": h.stale, "cordoned": h.cordoned}
+            if offered is not None:
+                o = offered[(g.host_id, g.address)]
+                d.update(type=o.name, free=o.free, used=o.used, max=o.max)
+            out.append(d)
+        return out
+
+
+def capacity(svc: Context, type_name: str | None = None) -> dict[str, Any]:
+    """Without a type: per type, the hosts and GPUs offering it and their free and used instances. With one:
+    per host, its free and used instances of that type, and which hosts are stale or cordoned."""
+    with svc.reads() as s:
+        if type_name is None:
+            return {"types": store.capacity_by_type(s)}
+        rows = store.hosts(s)
+        offers = store.offers(s, type_name)
+    by_host: dict[int, list[store.OfferRow]] = {}
+    for o in offers:
+        by_host.setdefault(o.host_id, []).append(o)
+    out = []
+    for h in rows:
+        mine = by_host.get(h.host_id)
+        if not mine:
+            continue
+        out.append({"host": h.name, "gpus": len(mine), "gpus_free": sum(1 for o in mine if o.free > 0),
+                    "free": sum(o.free for o in mine), "used": sum(o.used for o in mine),
+                    "max": sum(o.max or 0 for o in mine), "stale": h.stale, "cordoned": h.cordoned,
+                    "placeable": not (h.stale or h.cordoned) and any(o.free > 0 for o in mine),
+                    "per_gpu": {o.gpu: o.free for o in sorted(mine, key=lambda o: o.gpu)}})
+    name = offers[0].name if offers else type_name
+    return {"type": name, "hosts": out, "free": sum(r["free"] for r in out if not (r["stale"] or r["cordoned"])),
+            "free_including_unplaceable": sum(r["free"] for r in out)}
+
+
+def place(svc: Context, request: fleet_place.FleetRequest) -> fleet_place.FleetDecision:
+    """Which host should take `request`, and why every other host should not. Changes nothing."""
+    with svc.reads() as s:
+        rows = store.hosts(s)
+        offers = store.offers(s, request.type)
+        migrating = _migrating(s, request, rows) if request.vm else None
+    if not offers and not any(True for _ in rows):
+        raise NotFound("no host has published its capacity yet",
+                       hint="hosts publish while `vgpumgr serve` runs there with VGPUMGR_DB naming this database")
+    return fleet_place.place(rows, offers, request, migrating)
+
+
+def _migrating(s: Any, request: fleet_place.FleetRequest, rows: list[store.HostRow]) -> fleet_place.Migrating | None:
+    """A VM whose vGPUs some host records is a VM to move: NVIDIA's rules then compare its GPUs' boards and its
+    host's vGPU manager with each candidate's."""
+    assert request.vm is not None
+    found = store.vm_vgpus(s, request.vm)
+    if not found:
+        return None
+    home = found[0].host
+    mine = [v for v in found if v.host == home]
+    if not any(compat.same_type(v.type_name or "", request.type) for v in mine):
+        held = ", ".join(sorted({v.type_name or "?" for v in mine}))
+        raise InvalidInput(f"VM {request.vm} on {home} has no {request.type} vGPU (it has {held})",
+                           hint="a VM keeps its vGPU type when it migrates: ask for the type it has")
+    source = next((h for h in rows if h.name == home), None)
+    boards = {g.address: g for g in s.query(FleetGpu).filter(FleetGpu.host_id == mine[0].host_id)}
+    vgpus = tuple(compat.MigratingVgpu(v.type_name or request.type,
+                                       device_id=boards[v.gpu].device_id if v.gpu in boards else None,
+                                       gpu_name=boards[v.gpu].model if v.gpu in boards else None,
+                                       host_driver=source.driver_version if source else None)
+                  for v in mine if compat.same_type(v.type_name or "", request.type))
+    return fleet_place.Migrating(request.vm, home, vgpus)
