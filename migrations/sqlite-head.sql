@@ -253,6 +253,8 @@ CREATE TABLE fleet_capacity (
 	short VARCHAR(128) NOT NULL, 
 	backend VARCHAR(32) NOT NULL, 
 	framebuffer_mb INTEGER, 
+	model VARCHAR(255) NOT NULL, 
+	device_id VARCHAR(8) NOT NULL, 
 	free INTEGER NOT NULL, 
 	used INTEGER NOT NULL, 
 	max INTEGER, 

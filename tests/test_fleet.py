@@ -191,12 +191,12 @@ def test_the_host_refuses_what_the_fleet_thought_free_and_the_heartbeat_corrects
     t4 = fleet.hosts["gpu-t4"]
     assert t4.post("/v1/host/cordon", {"host": "gpu-mixed"}).status_code == 200
     try:
-        # someone fills the T4 by hand, behind vgpumgr's back: nothing is published
+        d = place(fleet, type="T4-4Q")
+        assert d["choice"]["host"] == "gpu-t4" and d["choice"]["free"] == 2
+        # meanwhile someone fills the T4 by hand, behind vgpumgr's back: nothing is published with it
         host = Host(t4.root)
         for _ in range(2):
             mdev_backend.create(host, T4, "nvidia-232", None)
-        d = place(fleet, type="T4-4Q")
-        assert d["choice"]["host"] == "gpu-t4" and d["choice"]["free"] == 2  # what the fleet still believes
         r = t4.post("/v1/vgpus", {"type": "T4-4Q", "vm": "late"})
         assert r.status_code == 409 and r.json()["type"].endswith("/no-capacity"), r.text
         deadline = time.monotonic() + 10 * HEARTBEAT_S + 5

@@ -65,6 +65,8 @@ def upgrade() -> None:
         sa.Column("short", sa.String(128), nullable=False),
         sa.Column("backend", sa.String(32), nullable=False),
         sa.Column("framebuffer_mb", sa.Integer()),
+        sa.Column("model", sa.String(255), nullable=False),
+        sa.Column("device_id", sa.String(8), nullable=False),
         sa.Column("free", sa.Integer(), nullable=False),
         sa.Column("used", sa.Integer(), nullable=False),
         sa.Column("max", sa.Integer()),

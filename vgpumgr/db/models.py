@@ -411,6 +411,8 @@ class FleetCapacity(Base):
     short: Mapped[str] = mapped_column(String(128))
     backend: Mapped[str] = mapped_column(String(32))
     framebuffer_mb: Mapped[int | None] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(255))  # the GPU's, as in fleet_gpus: the placer reads no join
+    device_id: Mapped[str] = mapped_column(String(8))
     free: Mapped[int] = mapped_column(Integer)
     used: Mapped[int] = mapped_column(Integer)
     max: Mapped[int | None] = mapped_column(Integer)

@@ -15,12 +15,12 @@ free instances of the type (fill hosts up), `spread` the one with the most; then
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NamedTuple
 
 from vgpumgr import compat
 from vgpumgr.errors import InvalidInput
-from vgpumgr.fleet.store import HostRow, OfferRow
+from vgpumgr.fleet.store import GpuOffer, HostRow, OfferGroup
 from vgpumgr.ids import parse_type_name, vm_name
 from vgpumgr.placement import STRATEGIES
 
@@ -66,19 +66,17 @@ class Migrating:
     vgpus: tuple[compat.MigratingVgpu, ...]
 
 
-@dataclass(frozen=True)
-class HostChoice:
+class HostChoice(NamedTuple):  # tuples: a decision over a thousand hosts makes a thousand of these
     host: str
     endpoint: str | None
     migration_uri: str | None
-    gpus: tuple[str, ...]  # where the count would go, in the policy's order
+    gpus: tuple[str, ...]  # where the count would go, in the policy's order (for the first ranked hosts)
     free: int  # free instances of the type on the host
     free_gpus: int  # its GPUs with a free instance
     why: str
 
 
-@dataclass(frozen=True)
-class HostRejection:
+class HostRejection(NamedTuple):
     host: str
     code: str  # STALE, CORDONED, ...
     reason: str
@@ -91,11 +89,12 @@ class FleetDecision:
     rejected: list[HostRejection]
     considered: int
     request: FleetRequest
-    migrating: Migrating | None = field(default=None)
+    migrating: Migrating | None = None
+    boards: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)  # host -> usable (model, board)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"choice": asdict(self.choice) if self.choice else None,
-                "ranked": [asdict(c) for c in self.ranked], "rejected": [asdict(r) for r in self.rejected],
+        return {"choice": _json(self.choice) if self.choice else None,
+                "ranked": [_json(c) for c in self.ranked], "rejected": [r._asdict() for r in self.rejected],
                 "considered": self.considered, "request": asdict(self.request),
                 "migrating": ({"vm": self.migrating.vm, "from": self.migrating.host} if self.migrating else None)}
 
@@ -103,27 +102,50 @@ class FleetDecision:
         return "; ".join(f"{r.host}: {r.reason}" for r in self.rejected) or "no host has published anything"
 
 
-def place(hosts: Sequence[HostRow], offers: Sequence[OfferRow], request: FleetRequest,
+def place(hosts: Sequence[HostRow], offers: Sequence[OfferGroup], request: FleetRequest,
           migrating: Migrating | None = None) -> FleetDecision:
-    by_host: dict[int, list[OfferRow]] = {}
+    """Rank the hosts from their published rows (`offers`: one type's rows grouped per host and board). The
+    GPUs each ranked host would use are filled in by `with_gpus` from that host's own rows."""
+    by_host: dict[int, list[OfferGroup]] = {}
     for o in offers:
         by_host.setdefault(o.host_id, []).append(o)
     nvidia = parse_type_name(request.type) is not None
     fits: list[tuple[tuple[Any, ...], HostChoice]] = []
     rejected: list[HostRejection] = []
+    boards: dict[str, frozenset[tuple[str, str]]] = {}
     for h in sorted(hosts, key=lambda h: h.name):
         result = _evaluate(h, by_host.get(h.host_id, []), request, migrating, nvidia)
         if isinstance(result, HostRejection):
             rejected.append(result)
         else:
-            fits.append(result)
+            key, choice, usable = result
+            fits.append((key, choice))
+            boards[h.name] = usable
     fits.sort(key=lambda f: f[0])
     ranked = [c for _, c in fits]
-    return FleetDecision(ranked[0] if ranked else None, ranked, rejected, len(hosts), request, migrating)
+    return FleetDecision(ranked[0] if ranked else None, ranked, rejected, len(hosts), request, migrating, boards)
 
 
-def _evaluate(h: HostRow, offers: list[OfferRow], req: FleetRequest, migrating: Migrating | None, nvidia: bool
-              ) -> HostRejection | tuple[tuple[Any, ...], HostChoice]:
+def with_gpus(d: FleetDecision, rows: Sequence[GpuOffer], host_names: dict[int, str]) -> FleetDecision:
+    """The decision with, for each ranked host whose rows are given, the GPUs its vGPUs would go to."""
+    nvidia = parse_type_name(d.request.type) is not None
+    by_host: dict[str, list[GpuOffer]] = {}
+    for r in rows:
+        by_host.setdefault(host_names.get(r.host_id, ""), []).append(r)
+    pack = d.request.strategy == "pack"
+    ranked = []
+    for c in d.ranked:
+        mine = [r for r in by_host.get(c.host, []) if (r.model, r.device_id) in d.boards.get(c.host, ())]
+        if mine:
+            order = sorted(mine, key=lambda r: (r.free if pack else -r.free, r.gpu))
+            gpus = tuple(r.gpu for r in order[:d.request.count]) if nvidia else _by_instances(order, d.request.count)
+            c = c._replace(gpus=gpus)
+        ranked.append(c)
+    return replace(d, choice=ranked[0] if ranked else None, ranked=ranked)
+
+
+def _evaluate(h: HostRow, offers: list[OfferGroup], req: FleetRequest, migrating: Migrating | None, nvidia: bool
+              ) -> HostRejection | tuple[tuple[Any, ...], HostChoice, frozenset[tuple[str, str]]]:
     def no(code: str, reason: str) -> HostRejection:
         return HostRejection(h.name, code, reason)
 
@@ -135,33 +157,39 @@ def _evaluate(h: HostRow, offers: list[OfferRow], req: FleetRequest, migrating: 
         return no(CORDONED, "cordoned" + (f" ({h.cordon_reason})" if h.cordon_reason else ""))
     if not offers:
         return no(NOT_OFFERED, f"offers no {req.type} (no GPU of a model that has it)")
-    allowed = [o for o in offers if _model_allowed(o, req)]
+    allowed = [o for o in offers if _model_allowed(o, req)] if req.allow_models or req.deny_models else offers
     if not allowed:
         return no(MODEL_DENIED, f"model {offers[0].model} denied by the policy")
     if migrating:
         allowed, verdict = _compatible(h, allowed, migrating, req)
         if not allowed:
             return no(INCOMPATIBLE, f"incompatible with VM {migrating.vm}: {verdict}")
-    open_gpus = [o for o in allowed if o.free > 0]
-    free = sum(o.free for o in open_gpus)
-    enough = len(open_gpus) >= req.count if nvidia else free >= req.count
+    open_gpus = sum(o.open_gpus for o in allowed)
+    free = sum(o.free for o in allowed)
+    gpus = sum(o.gpus for o in allowed)
+    enough = open_gpus >= req.count if nvidia else free >= req.count
     if not enough:
         if not open_gpus:
-            return no(NO_CAPACITY, f"no capacity: 0 free {req.type} on its {len(allowed)} GPU(s)")
+            return no(NO_CAPACITY, f"no capacity: 0 free {req.type} on its {gpus} GPU(s)")
         need = f"{req.count} GPUs with a free {req.type} (one vGPU of a GPU per VM)" if nvidia else \
             f"{req.count} free {req.type}"
-        return no(NO_CAPACITY, f"no capacity: {free} free on {len(open_gpus)} GPU(s), {need} needed")
+        return no(NO_CAPACITY, f"no capacity: {free} free on {open_gpus} GPU(s), {need} needed")
     pack = req.strategy == "pack"
-    order = sorted(open_gpus, key=lambda o: (o.free if pack else -o.free, o.gpu))
-    chosen = tuple(o.gpu for o in order[:req.count]) if nvidia else _by_instances(order, req.count)
-    why = f"{req.strategy}: {free} free {req.type} on {len(open_gpus)} GPU(s)"
+    why = f"{req.strategy}: {free} free {req.type} on {open_gpus} GPU(s)"
     if migrating:
         why += f"; same board and vGPU manager as VM {migrating.vm}'s"
     key = (free if pack else -free, h.name)
-    return key, HostChoice(h.name, h.endpoint, h.migration_uri, chosen, free, len(open_gpus), why)
+    usable = frozenset((o.model, o.device_id) for o in allowed)
+    return key, HostChoice(h.name, h.endpoint, h.migration_uri, (), free, open_gpus, why), usable
 
 
-def _by_instances(order: list[OfferRow], count: int) -> tuple[str, ...]:
+def _json(c: HostChoice) -> dict[str, Any]:
+    d = c._asdict()
+    d["gpus"] = list(c.gpus)
+    return d
+
+
+def _by_instances(order: list[GpuOffer], count: int) -> tuple[str, ...]:
     out: list[str] = []
     for o in order:
         out += [o.gpu] * min(o.free, count - len(out))
@@ -170,7 +198,7 @@ def _by_instances(order: list[OfferRow], count: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _model_names(o: OfferRow) -> set[str]:
+def _model_names(o: OfferGroup) -> set[str]:
     names = {o.model.lower(), o.device_id.lower(), f"10de:{o.device_id}".lower()}
     parsed = parse_type_name(o.name)
     if parsed:
@@ -178,20 +206,20 @@ def _model_names(o: OfferRow) -> set[str]:
     return names
 
 
-def _model_allowed(o: OfferRow, req: FleetRequest) -> bool:
+def _model_allowed(o: OfferGroup, req: FleetRequest) -> bool:
     names = _model_names(o)
     if any(m.lower() in names for m in req.deny_models):
         return False
     return not req.allow_models or any(m.lower() in names for m in req.allow_models)
 
 
-def _compatible(h: HostRow, offers: list[OfferRow], migrating: Migrating, req: FleetRequest
-                ) -> tuple[list[OfferRow], str]:
-    """The host's GPUs a vGPU of the migrating VM could continue on, live; else NVIDIA's reason why not."""
+def _compatible(h: HostRow, offers: list[OfferGroup], migrating: Migrating, req: FleetRequest
+                ) -> tuple[list[OfferGroup], str]:
+    """The host's boards a vGPU of the migrating VM could continue on, live; else NVIDIA's reason why not."""
     vgpus = [v for v in migrating.vgpus if compat.same_type(v.type_name, req.type)] or list(migrating.vgpus)
     ok, reason = [], ""
     for o in offers:
-        gpu = compat.CandidateGpu(o.gpu, o.device_id, o.model, h.driver_version)
+        gpu = compat.CandidateGpu(h.name, o.device_id, o.model, h.driver_version)
         verdict = compat.live_migration(vgpus[0], gpu, offered_type=o.name)
         if verdict.live:
             ok.append(o)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import and_, case, delete, func, literal, or_, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, delete, func, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
 from vgpumgr.db.models import (
@@ -22,7 +22,6 @@ from vgpumgr.db.models import (
     FleetGpu,
     FleetHost,
     Host,
-    HostCordon,
     Vm,
     utcnow,
 )
@@ -44,7 +43,7 @@ def _now(s: Session) -> Any:
 
 _GPU_COLS = ("model", "vendor_id", "device_id", "subsystem_vendor_id", "subsystem_device_id", "driver", "mode",
              "numa_node", "vgpus")
-_CAP_COLS = ("name", "short", "backend", "framebuffer_mb", "free", "used", "max")
+_CAP_COLS = ("name", "short", "backend", "framebuffer_mb", "model", "device_id", "free", "used", "max")
 _HOST_COLS = ("endpoint", "migration_uri", "driver_version", "version", "heartbeat_s", "stale_after_s", "gpus",
               "vgpus")
 
@@ -73,7 +72,8 @@ def _pg_capacity_sql() -> str:
     sets, changed = _set(_CAP_COLS, "c")
     return ("INSERT INTO fleet_capacity AS c (host_id, gpu, type_id, " + ", ".join(_CAP_COLS) + ") "
             "SELECT %(h)s, t.* FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], %(name)s::varchar[], "
-            "%(short)s::varchar[], %(backend)s::varchar[], %(framebuffer_mb)s::int[], %(free)s::int[], "
+            "%(short)s::varchar[], %(backend)s::varchar[], %(framebuffer_mb)s::int[], %(model)s::varchar[], "
+            "%(device_id)s::varchar[], %(free)s::int[], "
             "%(used)s::int[], %(max)s::int[]) AS t "
             f"ON CONFLICT (host_id, gpu, type_id) DO UPDATE SET {sets} WHERE {changed}")
 
@@ -164,21 +164,26 @@ def write_gpus(s: Session, host_id: int, gpus: Sequence[GpuCapacity], prune_type
     """The GPUs' rows and every type row of theirs; with `prune_types`, type rows no longer offered go."""
     if not gpus:
         return
-    types = [(g.address, t) for g in gpus for t in g.types]
+    types = [(g, t) for g in gpus for t in g.types]
+
+    def cap(g: GpuCapacity, t: Any, c: str) -> Any:
+        return getattr(g if c in ("model", "device_id") else t, c)
+
     if _pg(s):
         _run(s, "gpus", {"h": host_id, "address": [g.address for g in gpus],
                          **{c: [getattr(g, c) for g in gpus] for c in _GPU_COLS}})
         if types:
-            _run(s, "capacity", {"h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
-                                 **{c: [getattr(t, c) for _, t in types] for c in _CAP_COLS}})
+            _run(s, "capacity", {"h": host_id, "gpu": [g.address for g, _ in types],
+                                 "type_id": [t.type for _, t in types],
+                                 **{c: [cap(g, t, c) for g, t in types] for c in _CAP_COLS}})
     else:
         now = _sqlite_now()
         _run(s, "gpus", [(host_id, g.address, *(getattr(g, c) for c in _GPU_COLS), now) for g in gpus], many=True)
         if types:
-            _run(s, "capacity", [(host_id, a, t.type, *(getattr(t, c) for c in _CAP_COLS)) for a, t in types],
+            _run(s, "capacity", [(host_id, g.address, t.type, *(cap(g, t, c) for c in _CAP_COLS)) for g, t in types],
                  many=True)
     if prune_types:
-        keep = [(a, t.type) for a, t in types]
+        keep = [(g.address, t.type) for g, t in types]
         gone = delete(FleetCapacity).where(FleetCapacity.host_id == host_id,
                                            FleetCapacity.gpu.in_([g.address for g in gpus]))
         if keep:
@@ -194,9 +199,10 @@ def prune_gpus(s: Session, host_id: int, keep: Iterable[str]) -> None:
 
 
 # -- reads (anyone) ---------------------------------------------------------------------------------------------
+# A placer reads every host and one type's rows grouped per host and board: about one row per host, however many
+# GPUs and types the hosts have (text() statements: compiled once, rows without type processing).
 
-@dataclass(frozen=True)
-class HostRow:
+class HostRow(NamedTuple):
     host_id: int
     name: str
     endpoint: str | None
@@ -205,7 +211,7 @@ class HostRow:
     version: str
     heartbeat_s: float
     stale_after_s: float
-    heartbeat_at: datetime
+    heartbeat_epoch: float  # its last heartbeat, seconds since 1970 (UTC)
     age_s: float  # seconds since its last heartbeat, by the database's clock
     generation: int
     gpus: int
@@ -218,35 +224,84 @@ class HostRow:
     def stale(self) -> bool:
         return self.age_s > self.stale_after_s
 
+    @property
+    def heartbeat_at(self) -> str:
+        return datetime.fromtimestamp(self.heartbeat_epoch, UTC).isoformat()
 
-def hosts(s: Session, names: Iterable[str] | None = None) -> list[HostRow]:
+
+# the heartbeat and its age as plain numbers: a thousand time stamps parsed into datetimes cost more than the query
+_EPOCH_AGE = {
+    "postgresql": "EXTRACT(EPOCH FROM h.heartbeat_at)::float8, EXTRACT(EPOCH FROM (now() - h.heartbeat_at))::float8",
+    "sqlite": "(julianday(h.heartbeat_at) - 2440587.5) * 86400.0, "
+              "(julianday('now') - julianday(h.heartbeat_at)) * 86400.0"}
+
+
+def hosts(s: Session) -> list[HostRow]:
     """Every host that has published, with its cordon and its heartbeat's age (one query)."""
-    h, c = FleetHost, HostCordon
-    q = (select(h.host_id, Host.name, h.endpoint, h.migration_uri, h.driver_version, h.version, h.heartbeat_s,
-                h.stale_after_s, h.heartbeat_at, h.generation, h.gpus, h.vgpus, c.host_id.is_not(None), c.reason,
-                c.cordoned_by, _now(s) if _pg(s) else literal(None))
-         .join(Host, Host.id == h.host_id).outerjoin(c, c.host_id == h.host_id).order_by(Host.name))
-    if names is not None:
-        q = q.where(Host.name.in_(list(names)))
-    out = []
-    now = None
-    for r in s.execute(q):
-        now = now or _aware(r[15]) or utcnow()
-        beat_at = _aware(r[8])
-        out.append(HostRow(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]), float(r[7]), beat_at,
-                           max(0.0, (now - beat_at).total_seconds()), r[9], r[10], r[11], bool(r[12]), r[13], r[14]))
-    return out
+    dialect = s.get_bind().dialect.name
+    sql = text("SELECT h.host_id, n.name, h.endpoint, h.migration_uri, h.driver_version, h.version, h.heartbeat_s, "
+               f"h.stale_after_s, {_EPOCH_AGE[dialect]}, h.generation, h.gpus, h.vgpus, "
+               "c.host_id IS NOT NULL, c.reason, c.cordoned_by FROM fleet_hosts h JOIN hosts n ON n.id = h.host_id "
+               "LEFT JOIN host_cordons c ON c.host_id = h.host_id ORDER BY n.name")
+    return [HostRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], max(0.0, r[9]), r[10], r[11], r[12],
+                    bool(r[13]), r[14], r[15]) for r in s.execute(sql).all()]
 
 
-def _aware(value: Any) -> Any:
-    if value is None or not isinstance(value, datetime):
-        return value
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+def type_match(wanted: str) -> str:
+    """The short name a request names: `GRID T4-4Q` and `T4-4Q` are one type (hosts publish short names)."""
+    from vgpumgr.ids import parse_type_name
+
+    w = wanted.strip()
+    parsed = parse_type_name(w)
+    return parsed.short if parsed else (w.split()[-1] if w else w)
 
 
-@dataclass(frozen=True)
-class OfferRow:
-    """One GPU's capacity for the wanted type, with the GPU's facts."""
+class OfferGroup(NamedTuple):
+    """One host's GPUs of one board that offer the wanted type."""
+
+    host_id: int
+    model: str
+    device_id: str
+    name: str  # the type's name on that board
+    gpus: int
+    open_gpus: int  # of them with a free instance
+    free: int
+    used: int
+
+
+def offer_groups(s: Session, wanted: str) -> list[OfferGroup]:
+    sql = text("SELECT host_id, model, device_id, min(name), count(*), sum(CASE WHEN free > 0 THEN 1 ELSE 0 END), "
+               "sum(free), sum(used) FROM fleet_capacity WHERE short = :short GROUP BY host_id, model, device_id")
+    return [OfferGroup(*r) for r in s.execute(sql, {"short": type_match(wanted)}).all()]
+
+
+class GpuOffer(NamedTuple):
+    host_id: int
+    gpu: str
+    model: str
+    device_id: str
+    name: str
+    free: int
+
+
+def open_gpus(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuOffer]:
+    """The GPUs of `host_ids` with a free instance of the type (where a choice's vGPUs would go)."""
+    if not host_ids:
+        return []
+    sql = text("SELECT host_id, gpu, model, device_id, name, free FROM fleet_capacity WHERE short = :short "
+               "AND free > 0 AND host_id IN :ids").bindparams(bindparam("ids", expanding=True))
+    return [GpuOffer(*r) for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]
+
+
+def capacity_by_host(s: Session, wanted: str) -> list[tuple[int, str, int, int, int, int, int]]:
+    """(host id, the type's name, GPUs offering it, of them with a free instance, free, used, max) per host."""
+    sql = text("SELECT host_id, min(name), count(*), sum(CASE WHEN free > 0 THEN 1 ELSE 0 END), sum(free), "
+               "sum(used), sum(coalesce(max, 0)) FROM fleet_capacity WHERE short = :short GROUP BY host_id")
+    return [tuple(r) for r in s.execute(sql, {"short": type_match(wanted)})]  # type: ignore[misc]
+
+
+class OfferRow(NamedTuple):
+    """One GPU's capacity for a type, with the GPU's facts (listings)."""
 
     host_id: int
     gpu: str
@@ -255,30 +310,12 @@ class OfferRow:
     free: int
     used: int
     max: int | None
-    model: str
-    device_id: str
-    subsystem_device_id: str | None
-    mode: str
-    numa_node: int | None
-
-
-def type_match(wanted: str) -> tuple[str, str]:
-    """(short name, type id) a request names: `GRID T4-4Q` and `T4-4Q` are one type; `nvidia-232` an id."""
-    from vgpumgr.ids import parse_type_name
-
-    w = wanted.strip()
-    parsed = parse_type_name(w)
-    return (parsed.short if parsed else w.split()[-1] if w else w), w
 
 
 def offers(s: Session, wanted: str, host_ids: Iterable[int] | None = None) -> list[OfferRow]:
-    """Every published GPU's row for the type `wanted` names (one indexed query)."""
-    short, type_id = type_match(wanted)
-    c, g = FleetCapacity, FleetGpu
-    q = (select(c.host_id, c.gpu, c.type_id, c.name, c.free, c.used, c.max, g.model, g.device_id,
-                g.subsystem_device_id, g.mode, g.numa_node)
-         .join(g, and_(g.host_id == c.host_id, g.address == c.gpu))
-         .where(or_(c.short == short, c.type_id == type_id)))
+    """Every published GPU's row for the type `wanted` names."""
+    c = FleetCapacity
+    q = select(c.host_id, c.gpu, c.type_id, c.name, c.free, c.used, c.max).where(c.short == type_match(wanted))
     if host_ids is not None:
         q = q.where(c.host_id.in_(list(host_ids)))
     return [OfferRow(*r) for r in s.execute(q)]
@@ -288,8 +325,7 @@ def gpus(s: Session, host_ids: Iterable[int] | None = None) -> list[tuple[FleetG
     """Published GPUs with, per GPU, (types offered, types with a free instance, free instances in all)."""
     c = FleetCapacity
     counts = (select(c.host_id, c.gpu, func.count().label("types"),
-                     func.sum(case((c.free > 0, 1), else_=0)).label("open"),
-                     func.sum(c.free).label("free"))
+                     func.sum(case((c.free > 0, 1), else_=0)).label("open"), func.sum(c.free).label("free"))
               .group_by(c.host_id, c.gpu).subquery())
     q = (select(FleetGpu, counts.c.types, counts.c.open, counts.c.free)
          .outerjoin(counts, and_(counts.c.host_id == FleetGpu.host_id, counts.c.gpu == FleetGpu.address))
@@ -309,8 +345,7 @@ def capacity_by_type(s: Session) -> list[dict[str, Any]]:
              "used": int(r[5] or 0), "framebuffer_mb": r[6]} for r in s.execute(q)]
 
 
-@dataclass(frozen=True)
-class VmVgpu:
+class VmVgpu(NamedTuple):
     host_id: int
     host: str
     type_name: str | None

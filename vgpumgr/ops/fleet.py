@@ -16,6 +16,8 @@ from vgpumgr.fleet import store
 from vgpumgr.ops.context import Context
 
 HEARTBEAT_LOCK_WAIT_S = 5.0
+SHOW_GPUS_OF = 5  # ranked hosts whose GPUs a decision names
+NVIDIA = "10de"
 
 
 def publish(svc: Context, *, heartbeat: bool = False) -> dict[str, Any]:
@@ -37,7 +39,7 @@ def publish(svc: Context, *, heartbeat: bool = False) -> dict[str, Any]:
 def _host_dict(h: store.HostRow) -> dict[str, Any]:
     return {"host": h.name, "endpoint": h.endpoint, "migration_uri": h.migration_uri,
             "driver_version": h.driver_version, "vgpumgr_version": h.version, "gpus": h.gpus, "vgpus": h.vgpus,
-            "heartbeat_at": h.heartbeat_at.isoformat(), "heartbeat_age_s": round(h.age_s, 3),
+            "heartbeat_at": h.heartbeat_at, "heartbeat_age_s": round(h.age_s, 3),
             "heartbeat_s": h.heartbeat_s, "stale_after_s": h.stale_after_s, "stale": h.stale,
             "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "generation": h.generation}
 
@@ -74,9 +76,9 @@ def gpus(svc: Context, host: str | None = None, type_name: str | None = None) ->
                 continue
             d = {"host": h.name, "address": g.address, "model": g.model, "pci_id": f"{g.vendor_id}:{g.device_id}",
                  "subsystem_id": f"{g.subsystem_vendor_id}:{g.subsystem_device_id}" if g.subsystem_device_id
-                 else None, "driver": g.driver, "driver_version": h.driver_version, "mode": g.mode,
-                 "numa_node": g.numa_node, "vgpus": g.vgpus, "types": types, "types_free": open_types,
-                 "stale": h.stale, "cordoned": h.cordoned}
+                 else None, "driver": g.driver, "driver_version": h.driver_version if g.vendor_id == NVIDIA else None,
+                 "mode": g.mode, "numa_node": g.numa_node, "vgpus": g.vgpus, "types": types,
+                 "types_free": open_types, "stale": h.stale, "cordoned": h.cordoned}
             if offered is not None:
                 o = offered[(g.host_id, g.address)]
                 d.update(type=o.name, free=o.free, used=o.used, max=o.max)
@@ -90,22 +92,17 @@ def capacity(svc: Context, type_name: str | None = None) -> dict[str, Any]:
     with svc.reads() as s:
         if type_name is None:
             return {"types": store.capacity_by_type(s)}
-        rows = store.hosts(s)
-        offers = store.offers(s, type_name)
-    by_host: dict[int, list[store.OfferRow]] = {}
-    for o in offers:
-        by_host.setdefault(o.host_id, []).append(o)
+        rows = {h.host_id: h for h in store.hosts(s)}
+        per_host = store.capacity_by_host(s, type_name)
     out = []
-    for h in rows:
-        mine = by_host.get(h.host_id)
-        if not mine:
+    for host_id, _name, n, n_open, free, used, most in per_host:
+        h = rows.get(host_id)
+        if h is None:
             continue
-        out.append({"host": h.name, "gpus": len(mine), "gpus_free": sum(1 for o in mine if o.free > 0),
-                    "free": sum(o.free for o in mine), "used": sum(o.used for o in mine),
-                    "max": sum(o.max or 0 for o in mine), "stale": h.stale, "cordoned": h.cordoned,
-                    "placeable": not (h.stale or h.cordoned) and any(o.free > 0 for o in mine),
-                    "per_gpu": {o.gpu: o.free for o in sorted(mine, key=lambda o: o.gpu)}})
-    name = offers[0].name if offers else type_name
+        out.append({"host": h.name, "gpus": n, "gpus_free": n_open, "free": free, "used": used, "max": most,
+                    "stale": h.stale, "cordoned": h.cordoned, "placeable": not (h.stale or h.cordoned) and free > 0})
+    out.sort(key=lambda r: r["host"])
+    name = per_host[0][1] if per_host else type_name
     return {"type": name, "hosts": out, "free": sum(r["free"] for r in out if not (r["stale"] or r["cordoned"])),
             "free_including_unplaceable": sum(r["free"] for r in out)}
 
@@ -114,12 +111,14 @@ def place(svc: Context, request: fleet_place.FleetRequest) -> fleet_place.FleetD
     """Which host should take `request`, and why every other host should not. Changes nothing."""
     with svc.reads() as s:
         rows = store.hosts(s)
-        offers = store.offers(s, request.type)
+        if not rows:
+            raise NotFound("no host has published its capacity yet",
+                           hint="hosts publish while `vgpumgr serve` runs there with VGPUMGR_DB naming this database")
         migrating = _migrating(s, request, rows) if request.vm else None
-    if not offers and not any(True for _ in rows):
-        raise NotFound("no host has published its capacity yet",
-                       hint="hosts publish while `vgpumgr serve` runs there with VGPUMGR_DB naming this database")
-    return fleet_place.place(rows, offers, request, migrating)
+        d = fleet_place.place(rows, store.offer_groups(s, request.type), request, migrating)
+        first = {h.name: h.host_id for h in rows if any(c.host == h.name for c in d.ranked[:SHOW_GPUS_OF])}
+        gpus = store.open_gpus(s, request.type, list(first.values()))
+    return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
 
 
 def _migrating(s: Any, request: fleet_place.FleetRequest, rows: list[store.HostRow]) -> fleet_place.Migrating | None:
