@@ -292,13 +292,17 @@ def main() -> int:
         return 0
     print(f"hosts: simulated (8 GPUs each: {', '.join(r['boards'])}) + {a.services} real services + 1 host-path "
           f"service, one PostgreSQL; {r['churn_per_s']:g} changes/s published meanwhile")
-    print(f"{'hosts':>6} {'GPU rows':>9} {'type rows':>10} {'place p50/p99':>15} {'REST place p99':>15} "
-          f"{'migrating p99':>14} {'capacity p50/p99':>17} {'publish mean/p99':>17} {'pair on/off':>13}")
-    for s in r["scales"]:
-        print(f"{s['hosts']:>6} {s['gpu_rows']:>9} {s['capacity_rows']:>10} "
-              f"{s['place_ms']['p50']:>6.1f}/{s['place_ms']['p99']:<6.1f}ms {s['rest_place_ms']['p99']:>12.1f} ms "
-              f"{s['migrating_place_ms']['p99']:>11.1f} ms {s['capacity_ms']['p50']:>7.1f}/{s['capacity_ms']['p99']:<6.1f}ms "
-              f"{s['publish_mean_ms']:>7.2f}/{s['publish_ms']['p99']:<6.2f}ms {s['pair_ms_on']:>5.1f}/{s['pair_ms_off']:<5.1f}")
+    head = ["hosts", "GPU rows", "type rows", "place p50/p99", "REST place p99", "migrating p99",
+            "capacity p50/p99", "publish mean/p99", "pair on/off"]
+    rows = [[str(s["hosts"]), str(s["gpu_rows"]), str(s["capacity_rows"]),
+             f"{s['place_ms']['p50']:.1f}/{s['place_ms']['p99']:.1f} ms", f"{s['rest_place_ms']['p99']:.1f} ms",
+             f"{s['migrating_place_ms']['p99']:.1f} ms",
+             f"{s['capacity_ms']['p50']:.1f}/{s['capacity_ms']['p99']:.1f} ms",
+             f"{s['publish_mean_ms']:.2f}/{s['publish_ms']['p99']:.2f} ms",
+             f"{s['pair_ms_on']:.1f}/{s['pair_ms_off']:.1f} ms"] for s in r["scales"]]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    for line in [head, *rows]:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
     last = r["scales"][-1]
     t = r["targets"]
     for what, value, target in (("place p99", last["place_ms"]["p99"], t["place_p99_ms"]),

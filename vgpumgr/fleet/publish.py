@@ -22,6 +22,7 @@ import time
 from functools import cache
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from vgpumgr.config import env_seconds
@@ -123,6 +124,8 @@ class Publisher:
                 self._written = {}
             self._written.update({g.address: g for g in caps})
             self._beats += heartbeat
+        # the rows commit with the change or not at all: a rolled-back transaction leaves them to the next publish
+        event.listen(s, "after_rollback", lambda _s: self._forget(caps, everything), once=True)
         host_id = self.ctx.host_id(s)
         store.write_gpus(s, host_id, same_types, prune_types=False)
         store.write_gpus(s, host_id, [g for g in changed if g not in same_types], prune_types=True)
@@ -132,6 +135,13 @@ class Publisher:
                          vgpus=len(inv.mdevs) + len(inv.vf_vgpus))
         self.last_ms = (time.perf_counter() - started) * 1000
         return len(changed)
+
+    def _forget(self, caps: list[GpuCapacity], everything: bool) -> None:
+        with self._lock:
+            for g in caps:
+                self._written.pop(g.address, None)
+                self._pending.add(g.address)
+            self._all = self._all or everything
 
     def _capacity(self, s: Session, everything: bool, touched: set[str]) -> list[GpuCapacity]:
         snap = self.ctx.snapshot()
