@@ -121,3 +121,55 @@ class Fleet:
                 h.proc.kill()
                 h.proc.wait(timeout=10)
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+def publish_synthetic(db_url: str, name: str, gpus: list[Any], *, cordon: str | None = None,
+                      stale: bool = False, heartbeat_s: float = 30.0) -> None:
+    """A host that exists only as the rows it publishes, written by vgpumgr's own publishing code (`gpus`:
+    vgpumgr.fleet.capacity.GpuCapacity); `stale`: its last heartbeat an hour ago."""
+    from sqlalchemy import text
+
+    from vgpumgr.db import store as db_store
+    from vgpumgr.db.session import session_factory
+    from vgpumgr.fleet import cordon as cordons
+    from vgpumgr.fleet import store
+
+    with session_factory(db_url).begin() as s:
+        host_id = db_store.upsert_host(s, name).id
+        store.write_gpus(s, host_id, gpus, prune_types=True)
+        store.write_host(s, host_id, store.HostFacts(f"https://{name}.example:8470", f"qemu+ssh://{name}/system",
+                                                     "580.159.04", "synthetic", heartbeat_s, heartbeat_s * 3),
+                         len(gpus), sum(g.vgpus for g in gpus))
+        if cordon:
+            cordons.set_cordon(s, host_id, cordon, "test")
+        if stale:
+            past = "now() - interval '1 hour'" if s.get_bind().dialect.name == "postgresql" else \
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour')"
+            s.execute(text(f"UPDATE fleet_hosts SET heartbeat_at = {past} WHERE host_id = :h"), {"h": host_id})
+
+
+def board_capacity(tmp: Path, profile: str, scale: int = 1, vfs: int | None = None,
+                   fill: dict[int, tuple[str, int]] | None = None) -> list[Any]:
+    """A simulated board's GPUs as vgpumgr publishes them, with vGPUs really made on it first: `fill` maps a GPU's
+    index to (type, how many)."""
+    from vgpumgr.config import Config
+    from vgpumgr.fleet.capacity import host_capacity
+    from vgpumgr.placement import Policy
+    from vgpumgr.service import Service
+
+    root = profiles.create(tmp / f"board-{profile}-{len(list(tmp.glob('board-*')))}", profile, scale=scale, vfs=vfs)
+    old = os.environ.get("VGPUMGR_FLEET_PUBLISH")
+    os.environ["VGPUMGR_FLEET_PUBLISH"] = "0"
+    try:
+        svc = Service(Config.resolve(sysfs_root=str(root), state_dir=str(root / ".board-state")), licence_mode="off")
+    finally:
+        os.environ.pop("VGPUMGR_FLEET_PUBLISH") if old is None else os.environ.update(VGPUMGR_FLEET_PUBLISH=old)
+    gpus = sorted(g.address for g in svc.snapshot().inventory.gpus if not g.is_vf)
+    for index, (vtype, count) in (fill or {}).items():
+        for _ in range(count):
+            svc.allocate(vtype, policy=Policy(pin_gpu=gpus[index]))
+    from vgpumgr.ops.allocate import live_records
+
+    with svc.reads() as s:
+        records = live_records(svc, s)
+    return host_capacity(svc.snapshot(refresh=True).placer, records)

@@ -73,4 +73,5 @@ class Service(Context):
     fleet_gpus = fleet_ops.gpus
     fleet_capacity = fleet_ops.capacity
     fleet_place = fleet_ops.place
+    fleet_grid = fleet_ops.grid
 

@@ -345,6 +345,30 @@ def capacity_by_type(s: Session) -> list[dict[str, Any]]:
              "used": int(r[5] or 0), "framebuffer_mb": r[6]} for r in s.execute(q)]
 
 
+class SlotRow(NamedTuple):
+    host_id: int
+    gpu: str
+    short: str
+    framebuffer_mb: int | None
+    free: int
+    used: int
+    max: int | None
+
+
+def slot_rows(s: Session, host_ids: Sequence[int], wanted: str | None = None) -> list[SlotRow]:
+    """The types in use on these hosts' GPUs, and the wanted type's row on each (a fleet page's slot maps)."""
+    if not host_ids:
+        return []
+    where = "(used > 0 OR short = :short)" if wanted else "used > 0"
+    sql = text(f"SELECT host_id, gpu, short, framebuffer_mb, free, used, max FROM fleet_capacity WHERE {where} "
+               "AND host_id IN :ids ORDER BY host_id, gpu, framebuffer_mb, short"
+               ).bindparams(bindparam("ids", expanding=True))
+    params: dict[str, Any] = {"ids": list(host_ids)}
+    if wanted:
+        params["short"] = type_match(wanted)
+    return [SlotRow(*r) for r in s.execute(sql, params).all()]
+
+
 class VmVgpu(NamedTuple):
     host_id: int
     host: str

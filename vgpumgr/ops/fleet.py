@@ -107,6 +107,52 @@ def capacity(svc: Context, type_name: str | None = None) -> dict[str, Any]:
             "free_including_unplaceable": sum(r["free"] for r in out)}
 
 
+def grid(svc: Context, type_name: str | None = None, state: str | None = None, page: int = 1,
+         per_page: int = 50) -> dict[str, Any]:
+    """The fleet page: hosts (filtered by state: ok, stale, cordoned) x their GPUs, each GPU with the types in use
+    (used and free slots) and the wanted type's slots; one page of hosts at a time."""
+    if state not in (None, "ok", "stale", "cordoned"):
+        raise InvalidInput(f"'{state}' is not a host state", hint="use ok, stale or cordoned")
+    with svc.reads() as s:
+        rows = store.hosts(s)
+        unplaceable = {h.host_id for h in rows if h.stale or h.cordoned}
+        counts = {"hosts": len(rows), "ok": sum(1 for h in rows if not (h.stale or h.cordoned)),
+                  "stale": sum(1 for h in rows if h.stale), "cordoned": sum(1 for h in rows if h.cordoned and
+                                                                         not h.stale),
+                  "gpus": sum(h.gpus for h in rows), "vgpus": sum(h.vgpus for h in rows)}
+        if type_name:
+            offering = {g.host_id for g in store.offer_groups(s, type_name)}
+            rows = [h for h in rows if h.host_id in offering]
+        if state:
+            rows = [h for h in rows if _state(h) == state]
+        pages = max(1, -(-len(rows) // per_page))
+        page = min(max(1, page), pages)
+        shown = rows[(page - 1) * per_page:page * per_page]
+        ids_ = [h.host_id for h in shown]
+        gpus_of: dict[int, list[dict[str, Any]]] = {}
+        for g, types, open_types, _free in store.gpus(s, ids_):
+            gpus_of.setdefault(g.host_id, []).append({
+                "address": g.address, "model": g.model, "mode": g.mode, "numa_node": g.numa_node, "vgpus": g.vgpus,
+                "types": types, "types_free": open_types, "slots": []})
+        by_gpu = {(h, g["address"]): g for h, gs in gpus_of.items() for g in gs}
+        wanted = store.type_match(type_name) if type_name else None
+        for r in store.slot_rows(s, ids_, type_name):
+            g = by_gpu.get((r.host_id, r.gpu))
+            if g is not None:
+                g["slots"].append({"type": r.short, "used": r.used, "free": r.free, "max": r.max,
+                                   "wanted": r.short == wanted})
+        placeable = None
+        if type_name:
+            placeable = sum(r[4] for r in store.capacity_by_host(s, type_name) if r[0] not in unplaceable)
+    hosts_out = [{**_host_dict(h), "state": _state(h), "gpu_list": gpus_of.get(h.host_id, [])} for h in shown]
+    return {"hosts": hosts_out, "counts": counts, "page": page, "pages": pages, "type": wanted,
+            "state": state, "placeable_free": placeable, "matching": len(rows)}
+
+
+def _state(h: store.HostRow) -> str:
+    return "stale" if h.stale else "cordoned" if h.cordoned else "ok"
+
+
 def place(svc: Context, request: fleet_place.FleetRequest) -> fleet_place.FleetDecision:
     """Which host should take `request`, and why every other host should not. Changes nothing."""
     with svc.reads() as s:
