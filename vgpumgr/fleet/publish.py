@@ -114,12 +114,13 @@ class Publisher:
             return 0
         inv = self.ctx.snapshot().inventory
         with self._lock:
-            if heartbeat and everything and self._beats % FULL_EVERY:
-                changed = [g for g in caps if self._written.get(g.address) != g]
-            else:
-                changed = caps
-            same_types = [g for g in changed if g.address in self._written
-                          and _type_ids(self._written[g.address]) == _type_ids(g)]
+            # a full publish rewrites every row (healing any another writer left behind), except on heartbeats,
+            # which write what changed since this process last wrote it, and everything every tenth time
+            heal = everything and not (heartbeat and self._beats % FULL_EVERY)
+            changed = caps if heal or not everything else [g for g in caps if self._written.get(g.address) != g]
+            counts_only = [] if heal else [g for g in changed if g.address in self._written
+                                           and _type_ids(self._written[g.address]) == _type_ids(g)]
+            rows = [g for g in changed if g not in counts_only]
             if everything:
                 self._written = {}
             self._written.update({g.address: g for g in caps})
@@ -127,12 +128,16 @@ class Publisher:
         # the rows commit with the change or not at all: a rolled-back transaction leaves them to the next publish
         event.listen(s, "after_rollback", lambda _s: self._forget(caps, everything), once=True)
         host_id = self.ctx.host_id(s)
-        store.write_gpus(s, host_id, same_types, prune_types=False)
-        store.write_gpus(s, host_id, [g for g in changed if g not in same_types], prune_types=True)
-        if everything:
-            store.prune_gpus(s, host_id, [g.address for g in caps])
-        store.write_host(s, host_id, self.facts(), gpus=sum(1 for g in inv.gpus if not g.is_vf),
-                         vgpus=len(inv.mdevs) + len(inv.vf_vgpus))
+        gpu_count, vgpus = sum(1 for g in inv.gpus if not g.is_vf), len(inv.mdevs) + len(inv.vf_vgpus)
+        if rows or everything:
+            store.write_gpus(s, host_id, rows, prune_types=True)
+            if heal:
+                store.prune_gpus(s, host_id, [g.address for g in caps])
+            if counts_only:
+                store.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
+            store.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus)
+        else:  # the usual change: one GPU this process published before, one statement on PostgreSQL
+            store.write_counts(s, host_id, counts_only, gpu_count, vgpus)
         self.last_ms = (time.perf_counter() - started) * 1000
         return len(changed)
 

@@ -105,8 +105,32 @@ def _host_sql(pg: bool) -> str:
             f"(host_id) DO UPDATE SET {sets}, generation = {target}.generation + 1")
 
 
-_SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "host": _host_sql(True)},
-        "sqlite": {"gpus": _sqlite_gpus_sql(), "capacity": _sqlite_capacity_sql(), "host": _host_sql(False)}}
+# A change of a GPU this process already published moves only counts: the type rows' free, used and max, the
+# GPU's vGPUs and mode, the host's heartbeat. On PostgreSQL that is one statement (plain UPDATEs: a row whose
+# counts did not move is neither rewritten nor locked); a row missing there is healed by the next full publish.
+_PG_CHANGE = (
+    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], %(free)s::int[], "
+    "%(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
+    "c AS (UPDATE fleet_capacity c SET free = v.free, used = v.used, max = v.max FROM v WHERE c.host_id = %(h)s "
+    "AND c.gpu = v.gpu AND c.type_id = v.type_id AND (c.free, c.used, c.max) IS DISTINCT FROM (v.free, v.used, v.max) "
+    "RETURNING 1), "
+    "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, published_at = now() FROM unnest(%(address)s::"
+    "varchar[], %(vgpus)s::int[], %(mode)s::varchar[]) AS u(address, vgpus, mode) WHERE g.host_id = %(h)s AND "
+    "g.address = u.address RETURNING 1) "
+    "UPDATE fleet_hosts SET heartbeat_at = now(), generation = generation + 1, gpus = %(gpus)s, "
+    "vgpus = %(total)s WHERE host_id = %(h)s")
+_PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT 1"  # the same without the host row
+_SQLITE_CHANGE = (
+    "UPDATE fleet_capacity SET free = ?, used = ?, max = ? WHERE host_id = ? AND gpu = ? AND type_id = ? AND "
+    "(free IS NOT ? OR used IS NOT ? OR max IS NOT ?)",
+    "UPDATE fleet_gpus SET vgpus = ?, mode = ?, published_at = ? WHERE host_id = ? AND address = ?",
+    "UPDATE fleet_hosts SET heartbeat_at = ?, generation = generation + 1, gpus = ?, vgpus = ? WHERE host_id = ?")
+
+_SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "host": _host_sql(True),
+                       "change": _PG_CHANGE, "counts": _PG_COUNTS},
+        "sqlite": {"gpus": _sqlite_gpus_sql(), "capacity": _sqlite_capacity_sql(), "host": _host_sql(False),
+                   "change-capacity": _SQLITE_CHANGE[0], "change-gpus": _SQLITE_CHANGE[1],
+                   "change-host": _SQLITE_CHANGE[2]}}
 
 
 def _sqlite_now() -> str:
@@ -152,6 +176,27 @@ def write_host(s: Session, host_id: int, facts: HostFacts, gpus: int, vgpus: int
         _run(s, "host", values)
     else:
         _run(s, "host", [*values.values(), _sqlite_now()])
+
+
+def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_count: int, vgpus: int,
+                 host: bool = True) -> None:
+    """A change of GPUs whose rows exist: their counts, and (`host`) the host's heartbeat (see _PG_CHANGE)."""
+    types = [(g.address, t) for g in gpus for t in g.types]
+    if _pg(s):
+        _run(s, "change" if host else "counts", {
+            "h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
+            "free": [t.free for _, t in types], "used": [t.used for _, t in types], "max": [t.max for _, t in types],
+            "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
+            "gpus": gpu_count, "total": vgpus})
+        return
+    now = _sqlite_now()
+    if types:
+        _run(s, "change-capacity", [(t.free, t.used, t.max, host_id, a, t.type, t.free, t.used, t.max)
+                                    for a, t in types], many=True)
+    if gpus:
+        _run(s, "change-gpus", [(g.vgpus, g.mode, now, host_id, g.address) for g in gpus], many=True)
+    if host:
+        _run(s, "change-host", (now, gpu_count, vgpus, host_id))
 
 
 def beat(s: Session, host_id: int) -> int:
