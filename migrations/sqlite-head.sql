@@ -261,7 +261,6 @@ CREATE TABLE fleet_capacity (
 	PRIMARY KEY (host_id, gpu, type_id), 
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
-CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short, free);
-CREATE INDEX ix_fleet_capacity_type ON fleet_capacity (type_id);
+CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
 INSERT INTO "alembic_version" VALUES('0007_fleet');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

@@ -3,6 +3,7 @@ heartbeat, never blocking a change it cannot compute, on SQLite and PostgreSQL."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ T4 = "0000:3b:00.0"
 def _service(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch, name: str, profile: str = "t4",
              **kw: object) -> Service:
     monkeypatch.setenv("VGPUMGR_HOSTNAME", name)
+    if "VGPUMGR_FLEET_PUBLISH" not in os.environ:
+        monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "1")  # every change, on SQLite too
     root = profiles.create(tmp_path / f"sim-{name}", profile, **kw)
     return Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / f"state-{name}"), db=db_url),
                    licence_mode="off")
@@ -145,3 +148,16 @@ def test_mig_and_vendor_vf_gpus_publish_their_mode_and_driver(tmp_path: Path, fr
     svc.allocate_mig("1g.10gb", vm="ml1")  # a GPU instance made and bound: published with the change
     mig = {g["type"]: g for g in svc.fleet_gpus(type_name="A100D-1-10C")}
     assert mig["GRID A100D-1-10C"]["used"] == 1 and mig["GRID A100D-1-10C"]["free"] == 3  # 4 VFs: one per vGPU
+
+
+def test_each_change_publishes_by_default_on_postgresql_and_only_the_heartbeat_on_sqlite(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-j")
+    svc.publish_fleet()
+    svc.allocate("T4-4Q", vm="web1")
+    shared = fresh_db_url.startswith("postgresql")
+    assert svc.fleet.per_change is shared
+    assert _row(svc, T4, "T4-4Q") == ((3, 1) if shared else (4, 0))
+    svc.publish_fleet()
+    assert _row(svc, T4, "T4-4Q") == (3, 1)

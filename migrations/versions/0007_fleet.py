@@ -72,13 +72,12 @@ def upgrade() -> None:
         sa.Column("max", sa.Integer()),
         sa.ForeignKeyConstraint(["host_id", "gpu"], ["fleet_gpus.host_id", "fleet_gpus.address"],
                                 ondelete="CASCADE", name="fk_fleet_capacity_gpu"),
+        postgresql_with={"fillfactor": 70},
     )
-    op.create_index("ix_fleet_capacity_short", "fleet_capacity", ["short", "free"])
-    op.create_index("ix_fleet_capacity_type", "fleet_capacity", ["type_id"])
+    op.create_index("ix_fleet_capacity_short", "fleet_capacity", ["short"])
 
 
 def downgrade() -> None:
-    op.drop_index("ix_fleet_capacity_type", table_name="fleet_capacity")
     op.drop_index("ix_fleet_capacity_short", table_name="fleet_capacity")
     op.drop_table("fleet_capacity")
     op.drop_table("fleet_gpus")

@@ -93,41 +93,57 @@ def host_capacity(px: Placer, records: Sequence[Allocation], only: Iterable[str]
     by_gpu: dict[str, list[Allocation]] = {}
     for a in allocations:
         by_gpu.setdefault(a.gpu or px.physical(a.parent), []).append(a)
-    gpus = [g for g in px.inv.gpus if not g.is_vf and (only is None or g.address in set(only))]
+    wanted = None if only is None else set(only)
+    gpus = [g for g in px.inv.gpus if not g.is_vf and (wanted is None or g.address in wanted)]
     free_gis = free_gpu_instances(gpus, records)
     out = []
     for g in sorted(gpus, key=lambda g: g.address):
-        allocs = by_gpu.get(g.address, [])
-        pending = [a for a in allocs if a.key in pending_keys]
+        load = _Load(px, g, by_gpu.get(g.address, []), pending_keys, free_gis)
         cat = px.catalogue.get(px.model_of(g.address), {})
-        types = tuple(sorted((_type_capacity(px, g, info, allocs, pending, free_gis) for info in cat.values()
-                              if info.type), key=lambda t: (t.framebuffer_mb or 0, t.name, t.type)))
+        types = tuple(sorted((_type_capacity(px, g, info, load) for info in cat.values() if info.type),
+                             key=lambda t: (t.framebuffer_mb or 0, t.name, t.type)))
         out.append(GpuCapacity(g.address, g.name, g.vendor_id, g.device_id, g.subsystem_vendor_id,
-                               g.subsystem_device_id, g.driver, mode_of(px, g), g.numa_node, len(allocs), types))
+                               g.subsystem_device_id, g.driver, mode_of(px, g), g.numa_node, len(load.allocs), types))
     return out
 
 
-def _type_capacity(px: Placer, g: Gpu, info: Any, allocs: list[Allocation], pending: list[Allocation],
-                   free_gis: Mapping[str, list[str]]) -> TypeCapacity:
-    used = sum(1 for a in allocs if a.type == info.type)
+class _Load:
+    """What one GPU holds, read once for all of its types."""
+
+    def __init__(self, px: Placer, g: Gpu, allocs: list[Allocation], pending_keys: set[Any],
+                 free_gis: Mapping[str, list[str]]) -> None:
+        self.allocs = allocs
+        infos = [(a, px.info(g.address, a.type) or _info_from_allocation(a)) for a in allocs]
+        self.sliced = [a for a, i in infos if not i.mig_profile]
+        self.mig_backed = len(self.sliced) < len(infos)
+        self.sizes = {a.framebuffer_mb for a in self.sliced if a.framebuffer_mb is not None}
+        self.used: dict[str, int] = {}
+        for a in allocs:
+            self.used[a.type] = self.used.get(a.type, 0) + 1
+        self.pending = [a for a in allocs if a.key in pending_keys]
+        self.pending_profiles = [i.mig_profile for a, i in infos if a.key in pending_keys and i.mig_profile]
+        self.free_gis = free_gis.get(g.address)  # None: MIG is off
+        vfs = px.vfs_of.get(g.address)
+        busy = {a.parent for a in allocs}
+        self.vfs = vfs
+        self.free_vfs = [v for v in vfs if v not in busy] if vfs else []
+
+
+def _type_capacity(px: Placer, g: Gpu, info: Any, load: _Load) -> TypeCapacity:
+    used = load.used.get(info.type, 0)
     listed = px.listings.get((g.address, info.type), [])
     if not info.nvidia:
-        free = sum(max(0, t.available_instances - sum(1 for a in pending if a.parent == t.parent
+        free = sum(max(0, t.available_instances - sum(1 for a in load.pending if a.parent == t.parent
                                                         and a.type == t.type)) for t in listed)
         return TypeCapacity(info.type, info.name, info.short, info.backend, None, free, used, used + free)
     limit = _limit(px, g, info)
-    free, made = _nvidia_free(px, g, info, allocs, pending, free_gis, limit)
+    free, made = _nvidia_free(g, info, load, limit)
     if free > 0 or made > 0:
-        parents, spare = _parents_free(px, g, listed, allocs)
+        parents, spare = _parents_free(listed, load)
         # a GPU instance still to be made has no listing yet: it needs only a free VF
         free = min(free, parents)
         free += min(made, spare - free)
     return TypeCapacity(info.type, info.name, info.short, info.backend, info.framebuffer_mb, free, used, limit)
-
-
-def _infos(px: Placer, phys: str, allocs: list[Allocation]) -> list[tuple[Allocation, Any]]:
-    """Each vGPU with its type's facts, as the placer reads them."""
-    return [(a, px.info(phys, a.type) or _info_from_allocation(a)) for a in allocs]
 
 
 def _limit(px: Placer, g: Gpu, info: Any) -> int | None:
@@ -140,23 +156,19 @@ def _limit(px: Placer, g: Gpu, info: Any) -> int | None:
     return None
 
 
-def _nvidia_free(px: Placer, g: Gpu, info: Any, allocs: list[Allocation], pending: list[Allocation],
-                 free_gis: Mapping[str, list[str]], limit: int | None) -> tuple[int, int]:
+def _nvidia_free(g: Gpu, info: Any, load: _Load, limit: int | None) -> tuple[int, int]:
     """(vGPUs the GPU's rules allow now, more that need a GPU instance made first)."""
-    infos = _infos(px, g.address, allocs)
-    sliced = [a for a, i in infos if not i.mig_profile]
     if info.mig_profile:
-        if sliced or g.address not in free_gis:
+        if load.sliced or load.free_gis is None:
             return 0, 0
-        taken = sum(1 for a, i in _infos(px, g.address, pending) if i.mig_profile == info.mig_profile)
-        existing = sum(1 for p in free_gis[g.address] if p == info.mig_profile) - taken
+        taken = sum(1 for p in load.pending_profiles if p == info.mig_profile)
+        existing = sum(1 for p in load.free_gis if p == info.mig_profile) - taken
         return max(0, existing), _remaining(g, info.mig_profile)
-    if len(sliced) < len(infos) or g.address in free_gis:
+    if load.mig_backed or load.free_gis is not None:
         return 0, 0  # MIG mode, or MIG-backed vGPUs: no time-sliced ones
-    need = info.framebuffer_mb or 0
-    if any(a.framebuffer_mb is not None and a.framebuffer_mb != need for a in sliced):
+    if load.sizes - {info.framebuffer_mb or 0}:
         return 0, 0  # equal-size mode: one framebuffer size per GPU
-    return (max(0, limit - len(sliced)) if limit is not None else 0), 0
+    return (max(0, limit - len(load.sliced)) if limit is not None else 0), 0
 
 
 def _remaining(g: Gpu, profile: str) -> int:
@@ -167,17 +179,14 @@ def _remaining(g: Gpu, profile: str) -> int:
     return 0
 
 
-def _parents_free(px: Placer, g: Gpu, listed: list[Any], allocs: list[Allocation]) -> tuple[int, int]:
+def _parents_free(listed: list[Any], load: _Load) -> tuple[int, int]:
     """(parents the driver lists the type on that could take one more, free parents at all): the driver's
     listing vetoes, and a VF holds one vGPU."""
-    vfs = px.vfs_of.get(g.address)
-    if not vfs:
+    if not load.vfs:
         if not listed:
             return 0, 0
         t = listed[0]
         n = t.available_instances if t.backend == BACKEND_MDEV else _UNBOUNDED
         return n, n
-    busy = {a.parent for a in allocs}
     creatable = {t.parent for t in listed if t.backend == BACKEND_NVIDIA_VF or t.available_instances > 0}
-    free = [v for v in vfs if v not in busy]
-    return sum(1 for v in free if v in creatable), len(free)
+    return sum(1 for v in load.free_vfs if v in creatable), len(load.free_vfs)

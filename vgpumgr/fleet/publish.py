@@ -7,7 +7,11 @@ snapshot re-read after the change. The capacity is computed before anything is w
 it never touches the change's transaction: the heartbeat publishes again. The rows are a cache with a time stamp;
 sysfs and the host's records stay the truth, and the host's own placement the final word.
 
-Settings (environment): VGPUMGR_FLEET_PUBLISH=0 turns publishing off; VGPUMGR_FLEET_HEARTBEAT (seconds, default
+Each change publishes when the database is PostgreSQL, the one a fleet can share; a SQLite database serves one
+host, which its heartbeat publishes (for its own fleet page) without adding to every change.
+
+Settings (environment): VGPUMGR_FLEET_PUBLISH=0 turns publishing off, =1 publishes every change on SQLite too;
+VGPUMGR_FLEET_HEARTBEAT (seconds, default
 30) and VGPUMGR_FLEET_STALE_FACTOR (default 3): a host whose heartbeat is older than heartbeat x factor is stale;
 VGPUMGR_FLEET_ENDPOINT: where this host's REST service answers (default: what `serve` binds);
 VGPUMGR_MIGRATION_URI: libvirt's URI for a migration into this host (default qemu+ssh://HOSTNAME/system).
@@ -68,7 +72,9 @@ class Publisher:
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx  # the Context (host snapshot, host id, config): duck-typed, see vgpumgr.ops.context
-        self.enabled = os.environ.get("VGPUMGR_FLEET_PUBLISH", "1") != "0"
+        setting = os.environ.get("VGPUMGR_FLEET_PUBLISH", "")
+        self.enabled = setting != "0"
+        self.per_change = setting == "1" or (not setting and ctx.cfg.db_url.startswith("postgresql"))
         self.heartbeat_s = env_seconds("VGPUMGR_FLEET_HEARTBEAT", DEFAULT_HEARTBEAT_S, "30")
         self.stale_after_s = self.heartbeat_s * stale_factor()
         self.endpoint = os.environ.get("VGPUMGR_FLEET_ENDPOINT") or None
@@ -83,18 +89,18 @@ class Publisher:
 
     # -- marks (cheap; under the Context's own locks or none) --------------------------------------
     def mark(self, gpu: str | None) -> None:
-        if self.enabled and gpu:
+        if self.per_change and gpu:
             with self._lock:
                 self._pending.add(gpu)
 
     def mark_all(self) -> None:
-        if self.enabled:
+        if self.per_change:
             with self._lock:
                 self._all = True
 
     @property
     def wanted(self) -> bool:
-        return self.enabled and (self._all or bool(self._pending))
+        return self.per_change and (self._all or bool(self._pending))
 
     # -- publishing ------------------------------------------------------------------------------
     def publish(self, s: Session, *, full: bool = False, heartbeat: bool = False) -> int:

@@ -133,6 +133,30 @@ _SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "
                    "change-host": _SQLITE_CHANGE[2]}}
 
 
+def _server_prepared(name: str, sql: str) -> tuple[str, str, tuple[str, ...]]:
+    """(PREPARE statement, EXECUTE statement, parameter order) of a statement with %(name)s parameters: the
+    change statement is planned once per connection, not at every change (~0.3 ms of its ~0.6 ms here)."""
+    import re
+
+    order: list[str] = []
+    types: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        key, cast = m.group(1), m.group(2) or ""
+        if key not in order:
+            order.append(key)
+            types.append(cast.lstrip(":") or "int")
+        return f"${order.index(key) + 1}{cast}"
+
+    body = re.sub(r"%\((\w+)\)s(::[\w\[\]]+)?", number, sql)
+    prepare = f"PREPARE vgpumgr_{name} ({', '.join(types)}) AS {body}"
+    execute = f"EXECUTE vgpumgr_{name} ({', '.join(f'%({k})s' for k in order)})"
+    return prepare, execute, tuple(order)
+
+
+_PREPARED = {name: _server_prepared(name, _SQL["postgresql"][name]) for name in ("change", "counts")}
+
+
 def _sqlite_now() -> str:
     return utcnow().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")  # as SQLAlchemy stores a DateTime there
 
@@ -145,7 +169,14 @@ def _run(s: Session, name: str, params: Any, many: bool = False) -> None:
     sql = _SQL[conn.dialect.name][name]
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        if many:
+        if name in _PREPARED and conn.dialect.name == "postgresql":
+            prepare, sql, _ = _PREPARED[name]
+            info = conn.connection.info  # lives as long as the server connection (a new one prepares again)
+            if not info.get(prepare):
+                cursor.execute(prepare)
+                info[prepare] = True
+            cursor.execute(sql, params)
+        elif many:
             cursor.executemany(sql, params)
         else:
             cursor.execute(sql, params)
