@@ -82,11 +82,11 @@ def occupy(gpu: Any, rng: random.Random) -> Any:
 
 def publish_host(s: Any, name: str, gpus: list[Any], first: bool) -> int:
     from vgpumgr.db import store as db_store
-    from vgpumgr.fleet import store
+    from vgpumgr.fleet import writes
 
     host_id = db_store.upsert_host(s, name).id
-    store.write_gpus(s, host_id, gpus, prune_types=first)
-    store.write_host(s, host_id, store.HostFacts(f"https://{name}:8470", f"qemu+ssh://{name}/system",
+    writes.write_gpus(s, host_id, gpus, prune_types=first)
+    writes.write_host(s, host_id, writes.HostFacts(f"https://{name}:8470", f"qemu+ssh://{name}/system",
                                                  "580.159.04", "bench", 30.0, 90.0), len(gpus),
                      sum(g.vgpus for g in gpus))
     return host_id

@@ -132,12 +132,12 @@ def publish_synthetic(db_url: str, name: str, gpus: list[Any], *, cordon: str | 
     from vgpumgr.db import store as db_store
     from vgpumgr.db.session import session_factory
     from vgpumgr.fleet import cordon as cordons
-    from vgpumgr.fleet import store
+    from vgpumgr.fleet import writes
 
     with session_factory(db_url).begin() as s:
         host_id = db_store.upsert_host(s, name).id
-        store.write_gpus(s, host_id, gpus, prune_types=True)
-        store.write_host(s, host_id, store.HostFacts(f"https://{name}.example:8470", f"qemu+ssh://{name}/system",
+        writes.write_gpus(s, host_id, gpus, prune_types=True)
+        writes.write_host(s, host_id, writes.HostFacts(f"https://{name}.example:8470", f"qemu+ssh://{name}/system",
                                                      "580.159.04", "synthetic", heartbeat_s, heartbeat_s * 3),
                          len(gpus), sum(g.vgpus for g in gpus))
         if cordon:

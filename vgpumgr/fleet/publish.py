@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from vgpumgr.config import env_seconds
 from vgpumgr.db import store as db_store
 from vgpumgr.errors import InvalidInput
-from vgpumgr.fleet import store
+from vgpumgr.fleet import writes
 from vgpumgr.fleet.capacity import GpuCapacity, host_capacity
 from vgpumgr.ops.records import placed
 
@@ -136,14 +136,14 @@ class Publisher:
         host_id = self.ctx.host_id(s)
         gpu_count, vgpus = sum(1 for g in inv.gpus if not g.is_vf), len(inv.mdevs) + len(inv.vf_vgpus)
         if rows or everything:
-            store.write_gpus(s, host_id, rows, prune_types=True)
+            writes.write_gpus(s, host_id, rows, prune_types=True)
             if heal:
-                store.prune_gpus(s, host_id, [g.address for g in caps])
+                writes.prune_gpus(s, host_id, [g.address for g in caps])
             if counts_only:
-                store.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
-            store.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus)
+                writes.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
+            writes.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus)
         else:  # the usual change: one GPU this process published before, one statement on PostgreSQL
-            store.write_counts(s, host_id, counts_only, gpu_count, vgpus)
+            writes.write_counts(s, host_id, counts_only, gpu_count, vgpus)
         self.last_ms = (time.perf_counter() - started) * 1000
         return len(changed)
 
@@ -163,8 +163,8 @@ class Publisher:
         records = placed(db_store.live_rows(s, self.ctx.host_id(s))) if mig else []
         return host_capacity(snap.placer, records, only)
 
-    def facts(self) -> store.HostFacts:
-        return store.HostFacts(self.endpoint, self.migration_uri, self.driver_version(), vgpumgr_version(),
+    def facts(self) -> writes.HostFacts:
+        return writes.HostFacts(self.endpoint, self.migration_uri, self.driver_version(), vgpumgr_version(),
                                self.heartbeat_s, self.stale_after_s)
 
     def driver_version(self) -> str | None:

@@ -12,7 +12,7 @@ from vgpumgr import compat, ids
 from vgpumgr.db.models import FleetGpu
 from vgpumgr.errors import Busy, InvalidInput, NotFound
 from vgpumgr.fleet import place as fleet_place
-from vgpumgr.fleet import store
+from vgpumgr.fleet import store, writes
 from vgpumgr.ops.context import Context
 
 HEARTBEAT_LOCK_WAIT_S = 5.0
@@ -31,7 +31,7 @@ def publish(svc: Context, *, heartbeat: bool = False) -> dict[str, Any]:
                 n = svc.fleet.publish(s, full=True, heartbeat=heartbeat)
     except Busy:
         with svc.tx() as s:
-            store.beat(s, svc.host_id(s))
+            writes.beat(s, svc.host_id(s))
         return {"host": svc.hostname, "gpus_written": 0, "busy": True, "ms": 0.0}
     return {"host": svc.hostname, "gpus_written": n, "busy": False, "ms": round(svc.fleet.last_ms, 3)}
 
