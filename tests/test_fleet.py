@@ -82,16 +82,17 @@ def test_every_host_publishes_its_gpus_with_their_facts(fleet: Fleet) -> None:
 def test_capacity_follows_the_allocations_on_each_host(fleet: Fleet) -> None:
     h = fleet.hosts
     for host, vm, vtype in (("gpu-t4", "t4-a", "T4-4Q"), ("gpu-t4", "t4-b", "T4-4Q"),
-                            ("gpu-l40s-a", "web1", "L40S-4Q"), ("gpu-mixed", "mx-a", "T4-4Q")):
+                            ("gpu-l40s-a", "web1", "L40S-4Q"), ("gpu-l40s-old", "old-a", "L40S-4Q"),
+                            ("gpu-mixed", "mx-a", "T4-4Q")):
         r = h[host].post("/v1/vgpus", {"type": vtype, "vm": vm})
         assert r.status_code == 201, r.text
-    # published in the allocation's own transaction: no heartbeat to wait for
+    # published in the allocation's own transaction (tests/test_fleet_publish.py): no heartbeat to wait for
     t4 = {r["host"]: r for r in h["gpu-l40s-old"].get("/v1/fleet/capacity", type="T4-4Q")["hosts"]}
     assert (t4["gpu-t4"]["free"], t4["gpu-t4"]["used"]) == (2, 2)
     assert (t4["gpu-mixed"]["free"], t4["gpu-mixed"]["used"]) == (3, 1)
     l40s = {r["host"]: r for r in h["gpu-t4"].get("/v1/fleet/capacity", type="NVIDIA L40S-4Q")["hosts"]}
     assert {k: (v["free"], v["used"]) for k, v in l40s.items()} == {
-        "gpu-l40s-a": (3, 1), "gpu-l40s-old": (4, 0), "gpu-mixed": (4, 0)}  # 4 VFs each: one vGPU per VF
+        "gpu-l40s-a": (3, 1), "gpu-l40s-old": (3, 1), "gpu-mixed": (4, 0)}  # 4 VFs each: one vGPU per VF
     # equal-size mode: a T4 holding 4 GB vGPUs offers no 8 GB one
     assert all(r["free"] == 0 for r in h["gpu-t4"].get("/v1/fleet/capacity", type="T4-8Q")["hosts"])
     rc, out, _ = cli(fleet, "fleet", "capacity", "--type", "T4-4Q")
@@ -99,7 +100,7 @@ def test_capacity_follows_the_allocations_on_each_host(fleet: Fleet) -> None:
     rc, out, _ = cli(fleet, "fleet", "capacity", "--json")
     by_type = {t["type"]: t for t in json.loads(out)["types"]}
     assert by_type["T4-4Q"]["hosts"] == 2 and by_type["T4-4Q"]["used"] == 3
-    assert by_type["L40S-4Q"]["gpus"] == 3 and by_type["L40S-4Q"]["free"] == 11
+    assert by_type["L40S-4Q"]["gpus"] == 3 and by_type["L40S-4Q"]["free"] == 10
 
 
 def test_placement_ranks_hosts_and_says_why_not_the_others(fleet: Fleet) -> None:
