@@ -113,20 +113,22 @@ def grow(url: str, tpl: dict[str, list[Any]], start: int, stop: int, seed: int =
                           {"h": host_id})
 
 
-def churn(url: str, hosts: int, rate: float) -> None:
-    """`--churn`: publish a change of a random simulated host `rate` times a second until killed."""
+def churn(url: str, hosts: int, rate: float, boards: str) -> None:
+    """`--churn`: publish a change of a random simulated host `rate` times a second until killed (`boards`: the
+    parent's board templates, pickled)."""
+    import pickle
+
     from vgpumgr.db.session import session_factory
 
-    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
-        tpl = templates(Path(tmp))
+    tpl = pickle.loads(Path(boards).read_bytes())
     rng = random.Random(11)
     sessions = session_factory(url)
-    boards = [b for b, _ in BOARDS]
+    names = [b for b, _ in BOARDS]
     while True:
         t0 = time.monotonic()
         i = rng.randrange(hosts)
         if i % 50 != 11:
-            gpu = occupy(rng.choice(tpl[boards[i % len(boards)]]), rng)
+            gpu = occupy(rng.choice(tpl[names[i % len(names)]]), rng)
             with sessions.begin() as s:
                 publish_host(s, f"sim-{i:04d}", [gpu], first=False)
         time.sleep(max(0.0, 1 / rate - (time.monotonic() - t0)))
@@ -196,6 +198,10 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
         url = pg.create_database("fleet")
         upgrade(url)
         tpl = templates(tmp)
+        import pickle
+
+        boards = tmp / "boards.pickle"
+        boards.write_bytes(pickle.dumps(tpl))
         os.environ.update(VGPUMGR_HOSTNAME="bench-reader", VGPUMGR_FLEET_PUBLISH="0")
         reader = Service(Config.resolve(sysfs_root=str(profiles.create(tmp / "reader", "t4")),
                                         state_dir=str(tmp / "reader-state"), db=url), licence_mode="off")
@@ -229,8 +235,8 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
                 churner.terminate()
                 churner.wait()
             churner = subprocess.Popen([sys.executable, __file__, "--churn", url, "--churn-hosts", str(n),
-                                        "--churn-rate", str(churn_rate)], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+                                        "--churn-rate", str(churn_rate), "--churn-boards", str(boards)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
 
             def place(i: int) -> None:
@@ -291,9 +297,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--churn", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--churn-hosts", type=int, default=10, help=argparse.SUPPRESS)
+    ap.add_argument("--churn-boards", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.churn:
-        churn(a.churn, a.churn_hosts, a.churn_rate)
+        churn(a.churn, a.churn_hosts, a.churn_rate, a.churn_boards)
         return 0
     r = run([int(x) for x in a.scales.split(",")], a.queries, a.pairs, a.churn_rate, a.services)
     if a.json:
