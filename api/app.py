@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Response
 from sqlalchemy import text
 
-from api import problems, routes_admin, routes_fleet, routes_inventory, routes_vms, ui
+from api import problems, routes_admin, routes_fleet, routes_inventory, routes_telemetry, routes_vms, ui
 from api.deps import service as service_dep
 from api.metrics import Metrics
 from api.watch import InventoryWatcher
@@ -36,6 +36,9 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
     watcher = InventoryWatcher(service)
     service.fleet.endpoint = service.fleet.endpoint or endpoint
     heartbeat = Heartbeat(lambda: service.publish_fleet(heartbeat=True), service.fleet.heartbeat_s)
+    from vgpumgr.telemetry.sampler import Sampler
+
+    sampler = Sampler(service)
     # before the server binds its socket: a client that can connect finds no dead reservation left
     rolled_back_at_start = service.reap_dead_reservations(actor="vgpumgr:start")
 
@@ -45,22 +48,27 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
         app.state.inventory_updates = watcher.start() if watch else "ttl"
         if service.fleet.enabled:
             heartbeat.start()  # publishes this host in full now, then every heartbeat
+        if watch:
+            sampler.start()
         try:
             yield
         finally:
             heartbeat.stop()
             watcher.stop()
+            sampler.stop()
 
     app = FastAPI(title="vgpumgr", version=API_VERSION, description=DESCRIPTION, lifespan=lifespan)
     app.state.service = service
     app.state.engine = get_engine(service.cfg.db_url)
-    app.state.metrics = Metrics(service)
+    app.state.sampler = sampler
+    app.state.metrics = Metrics(service, sampler)
     app.state.inventory_updates = "ttl"
     problems.install(app)
     app.include_router(routes_inventory.router)
     app.include_router(routes_vms.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_fleet.router)
+    app.include_router(routes_telemetry.router)
     app.include_router(ui.router)
 
     @app.get("/v1/health", tags=["health"])

@@ -12,6 +12,7 @@ from api.deps import idempotency_key, service
 from api.idempotent import FastJSONResponse, idempotent
 from api.schemas import (
     DomainHook,
+    MigrationSettle,
     PassthroughCreate,
     PlacementRequest,
     ProxmoxCheck,
@@ -206,6 +207,30 @@ async def hook_libvirt_prepare(body: DomainHook, request: Request, key: str | No
                                ) -> dict[str, Any]:
     return await one_at_a_time(request.app, lambda: idempotent(request, svc, token, key, body, lambda k: (
         200, svc.libvirt_prepare(body.domain, body.xml, actor=token.actor, key_prefix=k))))
+
+
+@router.post("/hooks/libvirt/migrate", tags=["hooks"])
+async def hook_libvirt_migrate(body: DomainHook, request: Request, svc: Service = Depends(service),
+                               token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """`migrate begin` / `restore begin` on the destination: reserve the incoming domain's vGPUs here and
+    return its XML rewritten to them (`xml` null: unchanged). 409 with every reason when this host cannot
+    take it; nothing is left reserved then. A retry of the same migration gets the same vGPUs."""
+    return await one_at_a_time(request.app, lambda: svc.libvirt_migrate(body.domain, body.xml, actor=token.actor))
+
+
+@router.post("/migrations/preflight", tags=["migrations"])
+def migration_preflight(body: DomainHook, svc: Service = Depends(service), _: Token = Depends(require(*READ))
+                        ) -> dict[str, Any]:
+    """Where each vGPU of a domain migrating here would land, and why not. Changes nothing."""
+    return svc.migration_preflight(body.domain, body.xml)
+
+
+@router.post("/migrations/settle", tags=["migrations"])
+async def migration_settle(body: MigrationSettle, request: Request, svc: Service = Depends(service),
+                           token: Token = Depends(require(*VGPU_WRITE))) -> dict[str, Any]:
+    """The source reports a migration to this host finished: the arrived vGPUs become plain records."""
+    done = await one_at_a_time(request.app, lambda: svc.migration_settle(body.domain, actor=token.actor))
+    return {"vm": body.domain, "settled": done}
 
 
 @router.post("/hooks/libvirt/release", tags=["hooks"])

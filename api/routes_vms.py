@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from api.auth import READ, VM_WRITE, require
 from api.deps import idempotency_key, service
 from api.idempotent import idempotent
-from api.schemas import VmAttach, VmCreate, policy_of
+from api.schemas import VmAttach, VmCreate, VmMigrate, policy_of
 from api.tokens import Token
 from vgpumgr.service import Service
 
@@ -77,3 +77,15 @@ def attach_vgpu(body: VmAttach, name: str = VM, svc: Service = Depends(service),
 def detach_vgpu(name: str = VM, ref: str = Path(min_length=1, max_length=64), svc: Service = Depends(service),
                 token: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
     return svc.detach_vgpu(name, ref, actor=token.actor)
+
+
+@router.post("/{name}/migrate")
+def migrate_vm(body: VmMigrate, name: str = VM, svc: Service = Depends(service),
+               token: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
+    """Move the VM and its vGPUs to the host `to` names (libvirt peer-to-peer, live unless `offline`). With
+    `to_api` (and `to_token`) the destination's vgpumgr is asked first where each vGPU would land; `dry_run`
+    stops there. A refusal is a 409 naming every reason; nothing is changed on either host then."""
+    from vgpumgr.remote import Remote
+
+    dest = Remote(body.to_api, body.to_token or "") if body.to_api else None
+    return svc.migrate_vm(name, body.to, offline=body.offline, dry_run=body.dry_run, dest=dest, actor=token.actor)

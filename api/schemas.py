@@ -70,6 +70,21 @@ class DomainHook(Strict):
     grace: float = Field(default=0.0, ge=0, le=60)
 
 
+class MigrationSettle(Strict):
+    domain: str = Name
+
+
+class VmMigrate(Strict):
+    """Migrate the VM to another host: `to` is the destination's libvirt URI; `to_api`/`to_token` name the
+    destination's vgpumgr service for the preflight (optional: its migrate-begin hook checks anyway)."""
+
+    to: str = Field(min_length=1, max_length=1024)
+    offline: bool = False
+    dry_run: bool = False
+    to_api: str | None = Field(default=None, max_length=1024)
+    to_token: str | None = Field(default=None, max_length=4096)
+
+
 class ProxmoxCheck(Strict):
     """May `vm` start with a `type` vGPU on one of `candidates` (the VFs of its hostpci line, in order)?"""
 

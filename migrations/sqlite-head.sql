@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0007_fleet: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0008_fleet_rows: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -262,5 +262,5 @@ CREATE TABLE fleet_capacity (
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
 CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
-INSERT INTO "alembic_version" VALUES('0007_fleet');
+INSERT INTO "alembic_version" VALUES('0008_fleet_rows');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

@@ -2,9 +2,9 @@
 """Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
 comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
 
-    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,fleet]
+    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet]
 
-Takes about 4-5 minutes (`--quick`: about two; the fleet's 1,000 hosts take about two of them). The benchmarks
+Takes several minutes (the fleet's 1,000 hosts about two of them; `--quick` about half). The benchmarks
 are the scripts beside this one, run as separate processes with --json; a benchmark that cannot run (no
 PostgreSQL, no virt-install, no root for mdevctl's mount namespace) is listed as skipped with the reason.
 """
@@ -201,6 +201,31 @@ def fleet_rows(queries: int, pairs: int) -> list[Row]:
     return rows
 
 
+def migrate_rows(runs: int) -> list[Row]:
+    rows = []
+    r, why = bench("bench_migrate.py", "--runs", str(runs))
+    for count in ("1", "4"):
+        what = f"live migration: destination hook's added time (migrate + prepare begin), {count} vGPU(s), p95"
+        if r is None:
+            rows.append(skipped(what, "<= 150 ms", why))
+            continue
+        v = r["vgpus"][count]
+        rows.append(at_most(what, v["p95_ms"], r["target_p95_ms"], "ms", extra=f" (p50 {v['p50_ms']:.0f} ms)"))
+    return rows
+
+
+def telemetry_rows(samples: int) -> list[Row]:
+    r, why = bench("bench_telemetry.py", "--samples", str(samples), "--scrapes", str(samples * 10), timeout=600)
+    what_cpu = "telemetry: sampling 8 GPUs x 32 vGPUs at the default interval, share of one core"
+    what_scrape = "telemetry: /metrics scrape of that host, p99"
+    if r is None:
+        return [skipped(what_cpu, "<= 2 %", why), skipped(what_scrape, "<= 50 ms", why)]
+    return [at_most(what_cpu, r["cpu_pct_of_one_core"], r["target_cpu_pct"], "%", ".2f",
+                    f" ({r['sample_cpu_ms']:.1f} ms CPU per {r['interval_s']:g} s pass)"),
+            at_most(what_scrape, r["scrape_p99_ms"], r["target_p99_ms"], "ms", ".1f",
+                    f" (p50 {r['scrape_p50_ms']:.1f} ms, {r['scrape_bytes'] / 1e3:.0f} kB)")]
+
+
 def table(rows: list[Row]) -> str:
     head = Row("what", "measured", "target", "ratio", "verdict")
     cols = list(zip(*[(r.what, r.measured, r.target, r.ratio, r.verdict) for r in [head, *rows]], strict=True))
@@ -217,7 +242,8 @@ def table(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
-    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,fleet", help="comma-separated subset")
+    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet",
+                    help="comma-separated subset")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -235,6 +261,10 @@ def main() -> int:
         rows += discovery_rows(5 if a.quick else 15)
     if "demo" in only:
         rows += demo_rows(1 if a.quick else 3)
+    if "migrate" in only:
+        rows += migrate_rows(10 if a.quick else 30)
+    if "telemetry" in only:
+        rows += telemetry_rows(5 if a.quick else 20)
     if "fleet" in only:
         rows += fleet_rows(100 if a.quick else 200, 40 if a.quick else 100)
     if a.json:

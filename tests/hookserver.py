@@ -50,19 +50,26 @@ class Server:
 
 @contextmanager
 def running_server(tmp: Path, profile: str, scale: int = 1, vfs: int | None = None,
-                   licence_mode: str = "warn") -> Iterator[Server]:
+                   licence_mode: str = "warn", db: str | None = None, hostname: str | None = None,
+                   env_extra: dict[str, str] | None = None) -> Iterator[Server]:
+    """`db`: a database URL (default SQLite in the state dir); `hostname`: the name this host goes by in a
+    database several hosts share; `env_extra`: more VGPUMGR_* settings for the server."""
     root = profiles.create(tmp / "sim", profile, scale=scale, vfs=vfs)
     testhost = tmp / "testhost.xml"
     testhost.write_text("<node><cpu><mode>host-passthrough</mode></cpu></node>\n")
-    cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect=f"test://{testhost}")
-    token = tokens.create_token(cfg, "hook", "hook")
+    cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect=f"test://{testhost}", db=db)
+    token = tokens.create_token(cfg, f"hook-{hostname}" if hostname else "hook", "hook")
     sock_dir = Path(tempfile.mkdtemp(prefix="vgh-"))  # unix socket paths must stay short
     sock = sock_dir / "api.sock"
     log = open(tmp / "server.log", "w")  # noqa: SIM115
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
     env["VGPUMGR_LICENCE_MODE"] = licence_mode
+    if hostname:
+        env["VGPUMGR_HOSTNAME"] = hostname
+    env.update(env_extra or {})
     proc = subprocess.Popen([sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
-                             "--state-dir", str(cfg.state_dir), "--connect", cfg.libvirt_uri], cwd=REPO,
+                             "--state-dir", str(cfg.state_dir), "--connect", cfg.libvirt_uri,
+                             *(["--db", db] if db else [])], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 60

@@ -340,7 +340,7 @@ def test_libvirt_hook_endpoints(env: ApiEnv) -> None:
     assert r.status_code == 200 and r.json()["created"] == [uuid], r.text
     assert env.client.get(f"/v1/vgpus/{uuid}", headers=h).json()["type"] == "nvidia-231"
     r = env.client.post("/v1/hooks/libvirt/prepare", json={"domain": "lv1", "xml": xml}, headers=h)
-    assert r.json() == {"vm": "lv1", "ready": [uuid], "created": [], "restored": []}
+    assert r.json() == {"vm": "lv1", "ready": [uuid], "created": [], "restored": [], "arrived": []}
     rel = env.client.post("/v1/hooks/libvirt/release", json={"domain": "lv1", "xml": xml}, headers=h).json()
     assert rel["released"] == [uuid]
     unknown = _domain_xml("lv2", "11111111-2222-3333-4444-555555555555")

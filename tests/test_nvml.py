@@ -16,7 +16,7 @@ import pytest
 from vgpumgr import mig
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity
 from vgpumgr.nvml import NvmlLayer
-from vgpumgr.sim.nvml import SimNvml, create_state
+from vgpumgr.sim.nvml import SimNvml, create_state, write_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 REAL = json.loads((FIXTURES / "h100-real.json").read_text())
@@ -194,7 +194,7 @@ def sim(tmp_path: Path) -> SimNvml:
 def _edit(sim: SimNvml, index: int, **changes: Any) -> None:
     state = json.loads(sim.state_path.read_text())
     state["gpus"][index].update(changes)
-    sim.state_path.write_text(json.dumps(state))
+    write_state(sim.state_path, state)
 
 
 def test_not_supported_per_call_leaves_the_rest(sim: SimNvml) -> None:

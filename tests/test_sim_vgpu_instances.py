@@ -111,3 +111,35 @@ def test_unknown_facts_do_not_refuse_but_nvml_answers_are_read_bit_by_bit() -> N
     refused = compat.from_nvml(0x1, 0x4)
     assert (refused.live, refused.limit, refused.source) == (False, compat.LIMIT_GPU, "nvml")
     assert compat.from_nvml(0, 0).limit == compat.LIMIT_OTHER
+
+
+def test_on_the_real_h100_in_passthrough_the_vgpu_calls_are_absent_and_the_rules_decide() -> None:
+    """Replays what NVML answered on the lent H100 (driver 580.159.04, no vGPU manager, MIG off;
+    tests/fixtures/nvml/h100-vgpu.json, written by scripts/nvml_vgpu_check.py)."""
+    import json
+    from pathlib import Path
+
+    from test_nvml import REAL, ReplayNvml
+
+    from vgpumgr import nvml_migration
+    from vgpumgr.nvml import NvmlLayer
+
+    rec = json.loads((Path(__file__).parent / "fixtures/nvml/h100-vgpu.json").read_text())
+    [(address, gpu)] = rec["gpus"].items()
+    assert {fn for fn, a in gpu["raw"].items() if a.get("error") == pynvml.NVML_ERROR_NOT_SUPPORTED} >= {
+        "nvmlDeviceGetActiveVgpus", "nvmlDeviceGetVgpuMetadata", "nvmlDeviceGetVgpuInstancesUtilizationInfo"}
+    rng = [int(x) for x in rec["system"]["nvmlGetVgpuVersion"]["value"][0].strip("()").split(",")]
+
+    class H100(ReplayNvml):
+        def nvmlGetVgpuVersion(self) -> list[tuple[int, int]]:  # noqa: N802 - answered there, even without vGPU
+            return [tuple(rng), tuple(rng)]
+
+    layer = NvmlLayer(H100(REAL))
+    facts = nvml_migration.source_facts(layer, address, vm_uuid=VM_A, type_id=1131)
+    assert facts["nvml"].endswith("Not Supported") and facts["host_driver"] == REAL["driver_version"]
+    cand = nvml_migration.candidate(layer, address, "2330", "NVIDIA H100 80GB HBM3")
+    assert cand.vgpu_range == tuple(rng) == (0x120001, 0x1A0001)
+    vgpu = compat.MigratingVgpu("NVIDIA H100XM-1-10C", device_id="2330", host_driver=REAL["driver_version"])
+    verdict = nvml_migration.verdict(layer, cand, vgpu, "NVIDIA H100XM-1-10C", "AAAA")
+    assert verdict.live and verdict.source == "rules" and verdict.note
+    assert gpu["verdict_without_metadata"]["source"] == "rules"

@@ -209,6 +209,49 @@ def test_an_auditor_in_the_browser_sees_no_forms_and_gets_403_on_changes(browser
     page.context.close()
 
 
+def test_telemetry_charts_and_the_licence_check_in_the_browser(browser: object, tmp_path: Path) -> None:
+    """Per-VM and per-GPU utilisation charts drawn by the server (SVG, no JavaScript) from samples taken every
+    0.3 s here, and the licence page's guests-against-ledger section."""
+    from vgpumgr.sim import guests
+
+    os.environ["VGPUMGR_TELEMETRY_INTERVAL"] = "0.3"
+    try:
+        server = Server(tmp_path)
+    finally:
+        del os.environ["VGPUMGR_TELEMETRY_INTERVAL"]
+    try:
+        for vm, vgpu, load, lic in (("render1", "L40S-4Q", {"sm": 55, "mem": 30, "enc": 20, "wobble": 25}, "licensed"),
+                                    ("train1", "L40S-4Q", {"sm": 85, "mem": 70, "wobble": 10}, "unlicensed"),
+                                    ("idle1", "T4-2Q", {"sm": 5, "wobble": 4}, "uninitialized")):
+            made = server.cli_json("vm", "create", vm, "--vgpu", vgpu, "--start", "--json")
+            a = made["allocations"][0]
+            ref = a["uuid"] or a["pci_address"]
+            try:
+                guests.start(server.root, ref, vm_uuid=made["uuid"], vm_name=vm)
+            except ValueError:
+                continue  # the T4 has no simulated NVML: its guest shows nowhere, as on a host without NVML
+            guests.set_load(server.root, ref, fb_used_mb=2048, **load)
+            guests.set_licence(server.root, ref, lic)
+        time.sleep(3)  # ten samples or so
+        page = log_in(browser, server, "auditor")
+        page.click("header >> text=Telemetry")
+        rows = page.locator("#vgpus tbody tr[data-vm]")
+        assert [r.get_attribute("data-vm") for r in rows.all()] == ["train1", "render1"]  # busiest first
+        charts = page.locator("figure.vgpu-chart")
+        assert sorted(c.get_attribute("data-vm") for c in charts.all()) == ["render1", "train1"]
+        sm_line = page.locator('figure.vgpu-chart[data-vm="render1"] polyline[data-engine="sm"]')
+        assert len(sm_line.get_attribute("points").split()) >= 5  # a line over several samples
+        assert page.locator("figure.gpu-chart").count() >= 1
+        assert page.evaluate("document.scripts.length") == 0
+        shot(page, "telemetry")
+        page.click("header >> text=Licences")
+        findings = {(r.get_attribute("data-kind"), r.get_attribute("data-vm"))
+                    for r in page.locator("#licence-findings tbody tr").all()}
+        assert ("licensed-without-seat", "render1") in findings  # no pools: nobody holds a seat
+        shot(page, "licences-check")
+        page.context.close()
+    finally:
+        server.stop()
 def test_the_fleet_page_reads_at_a_glance(browser: object, server: Server, tmp_path: Path) -> None:
     """Hosts x GPUs: the served host and others that exist as the rows vgpumgr's publishing code wrote (one
     cordoned, one stale), each GPU a slot map of the types in use; screenshot for the README."""

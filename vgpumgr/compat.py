@@ -58,9 +58,11 @@ class Verdict:
     limit: str  # LIMIT_*
     reason: str  # empty when live
     source: str = "rules"  # "nvml" when NVML decided, "rules" when these rules did
+    note: str = ""  # why the rules decided where NVML was asked
 
     def as_dict(self) -> dict[str, object]:
-        return {"live": self.live, "limit": self.limit, "reason": self.reason, "source": self.source}
+        return {"live": self.live, "limit": self.limit, "reason": self.reason, "source": self.source,
+                **({"note": self.note} if self.note else {})}
 
 
 def same_type(a: str, b: str) -> bool:

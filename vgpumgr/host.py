@@ -48,6 +48,10 @@ class Kernel:
     def gpu_instances_changed(self, layer: Any) -> None:
         """Called after MIG GPU instances were made or destroyed through NVML; the real driver needs no word."""
 
+    def migration_transport(self, uri: str) -> Any | None:
+        """What carries a domain to the host `uri` names; None: libvirt's own migration (a real host)."""
+        return None
+
 
 class Host:
     def __init__(self, root: str | os.PathLike[str] = "/", kernel: type[Kernel] | None = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections import namedtuple
-from functools import cache
+from functools import cache, lru_cache
 
 from vgpumgr.errors import InvalidInput
 
@@ -166,9 +166,21 @@ class TypeName(namedtuple("TypeName", "short gpu framebuffer_gb series mig_slice
     def mig_backed(self) -> bool:
         return self.mig_slices is not None
 
+    @property
+    def mig_profile(self) -> str | None:
+        """The GPU-instance profile a MIG-backed type needs: `H100XM-1-10CME` -> `1g.10gb+me`; else None."""
+        if self.mig_slices is None:
+            return None
+        return f"{self.mig_slices}g.{int(self.framebuffer_gb)}gb{_PROFILE_SUFFIX.get(self.attr, '')}"
 
+
+_PROFILE_SUFFIX = {None: "", "ME": "+me", "MEALL": "+me.all", "NOME": "-me", "GFX": "+gfx"}
+
+
+@lru_cache(maxsize=4096)
 def parse_type_name(name: str) -> TypeName | None:
-    """Parse NVIDIA's vGPU type grammar; None for names that are not NVIDIA vGPU types."""
+    """Parse NVIDIA's vGPU type grammar; None for names that are not NVIDIA vGPU types. Remembered per name:
+    the same few names are asked for on every placement."""
     if not name:
         return None
     short = name.strip().split()[-1]

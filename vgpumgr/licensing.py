@@ -1,5 +1,8 @@
 """NVIDIA vGPU licence editions, seat pools and leases.
 
+Long because: the ledger's whole life is here (pools, taking, sharing and moving a seat with a migrating
+VM, giving it back, usage), kept together so every seat rule is read in one place.
+
 The guest, not the host, talks to NVIDIA's licence server; vgpumgr keeps its own ledger so a
 placement can be refused (or flagged) before a VM ends up unlicensed and throttled.
 
@@ -258,6 +261,38 @@ def _reuse_or_take(session: Session, vm: Vm, gpu: Gpu | None, editions: list[str
             set_committed_value(lease, "pool", pool)
             return lease
     return None
+
+
+def share(session: Session, allocation: Allocation, lease_id: int) -> bool:
+    """Link `allocation` to the held seat `lease_id` instead of taking one (a VM migrating in on a database
+    it shares with its source keeps its seat: no second seat from a full pool). False when that seat is no
+    longer held (then the caller takes a seat as usual)."""
+    conn = session.connection()
+    held = conn.execute(select(_L.c.id).where(_L.c.id == lease_id, _L.c.released_at.is_(None))).first()
+    if held is None:
+        return False
+    conn.execute(_LINK, {"aid": allocation.id, "lid": lease_id})
+    set_committed_value(allocation, "lease_id", lease_id)
+    return True
+
+
+def move(session: Session, lease_id: int, vm: Vm, gpu: Gpu | None) -> bool:
+    """The seat now belongs to `vm` (the migrated VM's row on its new host): the same row, so the pool's
+    count does not change. False when the VM holds another seat of that pool already (it keeps both until
+    the source's allocations are released, which frees the old one)."""
+    lease = session.get(LicenceLease, lease_id)
+    if lease is None or lease.released_at is not None:
+        return False
+    holder = _holder(vm, gpu, lease.pool.unit)
+    clash = session.scalar(select(_L.c.id).where(_L.c.pool_id == lease.pool_id, _L.c.holder == holder,
+                                                 _L.c.released_at.is_(None), _L.c.id != lease_id))
+    if clash is not None:
+        return False
+    session.execute(update(_L).where(_L.c.id == lease_id).values(
+        host_id=vm.host_id, vm_id=vm.id, holder=holder,
+        gpu_id=gpu.id if gpu is not None and lease.pool.unit == UNIT_GPU else None))
+    session.expire(lease)
+    return True
 
 
 def _detached(obj: T) -> T:

@@ -20,9 +20,7 @@ from vgpumgr.mig_search import free_starts as fast_free_starts
 _PROFILE_NAME = re.compile(
     r"^(?:MIG\s+)?(?P<slices>[1-8])g\.(?P<gb>[0-9]+)gb(?P<attr>\+me\.all|\+me|-me|\+gfx)?$"
 )
-# profile-name suffix <-> vGPU type-name attribute (NVIDIA's MIG-backed type grammar)
-_ATTR_OF_SUFFIX = {"": None, "+me": "ME", "+me.all": "MEALL", "-me": "NOME", "+gfx": "GFX"}
-_SUFFIX_OF_ATTR = {v: k for k, v in _ATTR_OF_SUFFIX.items()}
+# profile-name suffix <-> vGPU type-name attribute: ids.TypeName.mig_profile
 
 
 @dataclass(frozen=True)
@@ -241,9 +239,7 @@ def _type_name(t: object) -> str:
 def profile_for_type(vgpu_type: object) -> str | None:
     """`NVIDIA H100XM-1-10CME` (or a type object/dict so named) -> `1g.10gb+me`; None if not MIG-backed."""
     parsed = ids.parse_type_name(_type_name(vgpu_type))
-    if parsed is None or parsed.mig_slices is None:
-        return None
-    return f"{parsed.mig_slices}g.{int(parsed.framebuffer_gb)}gb{_SUFFIX_OF_ATTR.get(parsed.attr, '')}"
+    return parsed.mig_profile if parsed is not None else None
 
 
 def mig_type_for_profile(types: Iterable[object], profile_name: str, series: str | None = None) -> object:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from vgpumgr import ids
@@ -53,6 +53,11 @@ class Allocation:
     backend: str
     id: str
     name: str | None = None  # type name when known: GRID T4-4Q
+
+    @cached_property
+    def parsed(self) -> ids.TypeName | None:
+        """The type name in NVIDIA's grammar, parsed once for this record."""
+        return ids.parse_type_name(self.name) if self.name else None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -196,6 +201,7 @@ class _TypeInfo:
     max_instance: int | None
     mig_profile: str | None  # GPU-instance profile a MIG-backed type needs: 1g.10gb, 1g.10gb+me
     max_per_vm: int | None  # None: unlimited
+    parsed: ids.TypeName | None = None  # NVIDIA's type grammar, parsed once with the type's other facts
 
     @property
     def nvidia(self) -> bool:
@@ -219,13 +225,13 @@ _NOMINAL_GB = {"T4": 16, "A2": 16, "A16": 16, "A10": 24, "L4": 24, "A30": 24, "A
 
 def _info_from_type(t: VgpuType) -> _TypeInfo:
     fb = t.framebuffer_mb
-    if fb is None and t.backend == BACKEND_NVIDIA_VF:
-        parsed = ids.parse_type_name(t.name)
-        fb = int(parsed.framebuffer_gb * 1024) if parsed else None
-    mig = mig_profile_for(t.name) if fb is not None else None
+    parsed = ids.parse_type_name(t.name) if t.name else None
+    if fb is None and t.backend == BACKEND_NVIDIA_VF and parsed:
+        fb = int(parsed.framebuffer_gb * 1024)
+    mig = parsed.mig_profile if fb is not None and parsed else None
     per_vm = t.params.get("max_instances_per_vm") if t.params else None
     max_per_vm = int(per_vm) if per_vm and str(per_vm).isdigit() else (1 if fb is not None else None)
-    return _TypeInfo(t.type, t.name or t.type, t.short_name, t.backend, fb, t.max_instance, mig, max_per_vm)
+    return _TypeInfo(t.type, t.name or t.type, t.short_name, t.backend, fb, t.max_instance, mig, max_per_vm, parsed)
 
 
 _INFO_MEMO: dict[tuple[Any, ...], _TypeInfo] = {}
@@ -246,12 +252,12 @@ def _cached_info(t: VgpuType) -> _TypeInfo:
 def _info_from_allocation(a: Allocation) -> _TypeInfo:
     name = a.name or a.type
     fb = a.framebuffer_mb
-    parsed = ids.parse_type_name(name) if a.name else None
+    parsed = a.parsed
     if fb is None and parsed is not None:
         fb = int(parsed.framebuffer_gb * 1024)
     short = name.split()[-1] if name else a.type
-    return _TypeInfo(a.type, name, short, a.backend, fb, None, mig_profile_for(name) if fb else None,
-                     1 if fb is not None else None)
+    return _TypeInfo(a.type, name, short, a.backend, fb, None, parsed.mig_profile if fb and parsed else None,
+                     1 if fb is not None else None, parsed)
 
 
 # -- mixed-size placement IDs (docs/sources.md §5, simplified, pre-Blackwell) ----------------------
@@ -369,8 +375,8 @@ class Placer:
         key = (model, type_name)
         if key not in self._region_memo:
             self._region_memo[key] = self._region_floor.get(model)
-            for name in [type_name, *(i.name for i in self.catalogue.get(model, {}).values())]:
-                parsed = ids.parse_type_name(name)
+            named = [ids.parse_type_name(type_name), *(i.parsed for i in self.catalogue.get(model, {}).values())]
+            for parsed in named:
                 if parsed and parsed.gpu in _NOMINAL_GB:
                     self._region_memo[key] = _NOMINAL_GB[parsed.gpu] * 1024
                     break
@@ -423,7 +429,7 @@ class Placer:
             name = v.name or (info.name if info else None)
             fb = info.framebuffer_mb if info else None
             if fb is None and name:
-                parsed = ids.parse_type_name(name)
+                parsed = info.parsed if info and info.name == name else ids.parse_type_name(name)
                 fb = int(parsed.framebuffer_gb * 1024) if parsed else None
             out.append(Allocation(v.gpu, v.address, v.type, fb, None, BACKEND_NVIDIA_VF, v.address, name))
         return out
@@ -564,21 +570,19 @@ def _matched_by_model_name(px: Placer, allocations: list[Allocation],
     if parsed is None:
         return {}
     # only vendor-VF listings shrink to "creatable now"; mdev parents list every supported type
-    named = [(model, i.name) for model, cat in px.catalogue.items() for i in cat.values()
+    named = [(model, i.name, i.parsed) for model, cat in px.catalogue.items() for i in cat.values()
              if i.backend == BACKEND_NVIDIA_VF]
-    named += [(px.model_of(a.gpu or px.physical(a.parent)), a.name) for a in allocations
+    named += [(px.model_of(a.gpu or px.physical(a.parent)), a.name, a.parsed) for a in allocations
               if a.name and a.backend == BACKEND_NVIDIA_VF]
     prefixes: dict[_Model, str] = {}
-    for model, name in named:
-        p = ids.parse_type_name(name)
+    for model, name, p in named:
         if p and p.gpu == parsed.gpu:
             prefixes.setdefault(model, name.rsplit(" ", 1)[0] if " " in name else "")
     fb = int(parsed.framebuffer_gb * 1024)
     out: dict[_Model, list[_TypeInfo]] = {}
     for model, prefix in prefixes.items():
         name = f"{prefix} {parsed.short}".strip()
-        mig = mig_profile_for(name)
-        out[model] = [_TypeInfo("", name, parsed.short, BACKEND_NVIDIA_VF, fb, None, mig, 1)]
+        out[model] = [_TypeInfo("", name, parsed.short, BACKEND_NVIDIA_VF, fb, None, parsed.mig_profile, 1, parsed)]
     return out
 
 
@@ -658,7 +662,7 @@ def _policy_refusal(px: Placer, g: _Group, policy: Policy) -> str | None:
 def _model_names(px: Placer, g: _Group) -> dict[str, str]:
     """Names a policy may use for this GPU's model: T4 (from the type name), the PCI name, the device id."""
     names: dict[str, str] = {}
-    parsed = ids.parse_type_name(g.info.name)
+    parsed = g.info.parsed
     if parsed:
         names[parsed.gpu.lower()] = parsed.gpu
     gpu = px.gpus.get(g.phys)

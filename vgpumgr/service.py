@@ -10,13 +10,17 @@ from vgpumgr.db.session import ensure_schema
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import cordon as cordon_ops
+from vgpumgr.ops import drain as drain_ops
 from vgpumgr.ops import fleet as fleet_ops
 from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
+from vgpumgr.ops import incoming as incoming_ops
 from vgpumgr.ops import leases as lease_ops
 from vgpumgr.ops import mig as mig_ops
+from vgpumgr.ops import migrate as migrate_ops
 from vgpumgr.ops import reconcile as reconcile_ops
 from vgpumgr.ops import restore as restore_ops
+from vgpumgr.ops import telemetry as telemetry_ops
 from vgpumgr.ops import vms as vm_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context, Snapshot, hostname
 from vgpumgr.ops.records import allocation_dict, hostdev_for, metadata_for
@@ -58,6 +62,13 @@ class Service(Context):
     release_vm_vgpus = hook_ops.release_vm
     libvirt_prepare = hook_ops.libvirt_prepare
     libvirt_release = hook_ops.libvirt_release
+    libvirt_migrate = hook_ops.libvirt_migrate
+    migration_preflight = incoming_ops.preflight
+    migration_settle = incoming_ops.settle
+    migrate_vm = migrate_ops.migrate_vm
+    drain_host = drain_ops.drain
+    telemetry = telemetry_ops.telemetry
+    licence_check = telemetry_ops.licence_check
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
 

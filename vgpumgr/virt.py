@@ -6,6 +6,9 @@ libvirt stay fast. libvirt errors become vgpumgr.errors with a hint.
 The test driver keeps its domains in memory per process. With `state_dir`, a `test:///` connection
 saves every domain's XML and run state under `state_dir/libvirt-test/` after each change and restores
 them on connect, so separate CLI runs of the demo see one consistent host.
+
+Long because: it is the one adapter over libvirt-python (life cycle, device changes, metadata, peer-to-peer
+migration with its progress) plus the test driver's persistence that the simulated hosts rely on.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,7 @@ _ERR_OPERATION_DENIED = 61
 _ERR_ACCESS_DENIED = 88
 _ERR_AUTH_FAILED = 45
 _ERR_DOM_EXIST = 52
+_ERR_HOOK_SCRIPT_FAILED = 70
 
 
 def _libvirt() -> Any:
@@ -78,6 +83,8 @@ def _translate(exc: Exception, action: str) -> VgpuError:
         return InvalidInput(msg, hint="libvirt refused the configuration; check the XML with --print-xml")
     if code in (_ERR_ACCESS_DENIED, _ERR_AUTH_FAILED, _ERR_OPERATION_DENIED):
         return PermissionDenied(msg, hint="run as root or as a member of the libvirt group")
+    if code == _ERR_HOOK_SCRIPT_FAILED:  # e.g. a migration's destination hook refused the incoming domain
+        return Conflict(msg, hint="a libvirt hook refused; its message above says why (nothing was changed)")
     if code == _ERR_NO_SUPPORT:
         return Unavailable(msg, hint="this libvirt driver does not support the operation")
     return VgpuError(msg, hint="libvirt's log (journalctl -u libvirtd or virtqemud) has the details")
@@ -200,6 +207,46 @@ class Virt:
                         raise
         self._save()
 
+    def migrate(self, name: str, dest_uri: str, *, xml: str | None = None, offline: bool = False,
+                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """libvirt's peer-to-peer migration to `dest_uri` (persistent there, undefined here; never post-copy).
+        `xml`: the domain as the destination should get it (the running definition for a live migration, the
+        persistent one offline; libvirt accepts changes that keep the guest's ABI, such as <metadata>).
+        `progress` gets the job statistics (data total/processed/remaining, downtime) about twice a second.
+        Returns the last statistics seen."""
+        dom = self._lookup(name)
+        libvirt = _libvirt()
+        flags = (libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_PERSIST_DEST
+                 | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+                 | (libvirt.VIR_MIGRATE_OFFLINE if offline else libvirt.VIR_MIGRATE_LIVE))
+        params = {}
+        if xml:
+            params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML if offline else libvirt.VIR_MIGRATE_PARAM_DEST_XML] = xml
+        last: dict[str, Any] = {}
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.5):
+                with contextlib.suppress(Exception):  # no job yet, or already over
+                    stats = dom.jobStats()
+                    if stats:
+                        last.update(stats)
+                        if progress:
+                            progress(dict(stats))
+
+        watcher = threading.Thread(target=watch, daemon=True) if not offline else None
+        if watcher:
+            watcher.start()
+        try:
+            with self._errors(f"migrate VM '{name}' to {dest_uri}"):
+                dom.migrateToURI3(dest_uri, params, flags)
+        finally:
+            done.set()
+            if watcher:
+                watcher.join(timeout=2)
+        self._save()
+        return last
+
     # -- queries -----------------------------------------------------------------------------------
     def list(self) -> list[dict[str, str]]:
         with self._errors("list VMs"):
@@ -208,10 +255,13 @@ class Virt:
                      "state": STATE_NAMES.get(d.state()[0], "nostate")} for d in doms]
         return sorted(rows, key=lambda r: r["name"])
 
-    def xml(self, name: str, inactive: bool = False) -> str:
+    def xml(self, name: str, inactive: bool = False, migratable: bool = False) -> str:
         dom = self._lookup(name)
+        libvirt = _libvirt()
+        flags = (libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0) | (
+            libvirt.VIR_DOMAIN_XML_MIGRATABLE if migratable else 0)
         with self._errors(f"read VM '{name}'"):
-            return dom.XMLDesc(_libvirt().VIR_DOMAIN_XML_INACTIVE if inactive else 0)
+            return dom.XMLDesc(flags)
 
     def exists(self, name: str) -> bool:
         try:

@@ -197,7 +197,28 @@ def placements_page(request: Request, vm: str | None = Query(default=None, max_l
 def licences_page(request: Request, svc: Service = Depends(service), _: Token = Depends(reader)) -> Response:
     with svc.sessions() as s:
         editions = licensing.usage(s)
-    return render(request, "licences.html", editions=editions, mode=svc.licence_mode)
+    check = svc.licence_check(request.app.state.sampler.latest(), audit=False)  # a page only shows
+    return render(request, "licences.html", editions=editions, mode=svc.licence_mode, check=check)
+
+
+@router.get("/telemetry")
+def telemetry_page(request: Request, _: Token = Depends(reader)) -> Response:
+    from api.ui.charts import chart
+
+    sampler = request.app.state.sampler
+    snap = sampler.latest()
+    now, since = snap["taken"], snap["taken"] - sampler.history.span_s
+
+    def drawn(kind: str) -> list[dict[str, Any]]:
+        out = []
+        for s in sampler.history.series(kind, since):
+            title = f"{s['labels'].get('vm') or s['labels']['gpu']}: utilisation over the last hour"
+            out.append({**s, "svg": chart(s["points"], now, sampler.history.span_s, title=title)})
+        return out
+
+    return render(request, "telemetry.html", snap=snap, interval=f"{sampler.interval:g}",
+                  taken=datetime.fromtimestamp(now).strftime("%H:%M:%S"), vgpu_series=drawn("vgpu"),
+                  gpu_series=drawn("gpu"))
 
 
 def _when(name: str, text: str | None) -> datetime | None:

@@ -1,4 +1,4 @@
-"""`vgpumgr host cordon|uncordon|show` and `vgpumgr fleet hosts|gpus|capacity|place|publish`."""
+"""`vgpumgr host cordon|uncordon|drain|show` and `vgpumgr fleet hosts|gpus|capacity|place|publish`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,16 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--json", action="store_true")
     p = cmd(host, ("host", "uncordon"), "vgpumgr.cli.fleet:uncordon", "let the fleet place on a host again")
     p.add_argument("host", nargs="?", metavar="HOST", help="the host (default: this one)")
+    p.add_argument("--json", action="store_true")
+    p = cmd(host, ("host", "drain"), "vgpumgr.cli.migrate:drain",
+            "cordon this host and live-migrate every running vGPU VM away, one at a time")
+    p.add_argument("--to", action="append", default=[], metavar="URI", required=True,
+                   help="a destination's libvirt URI; repeat it: each VM goes to the first that can take it")
+    p.add_argument("--to-api", action="append", default=[], metavar="URL",
+                   help="the vgpumgr service of the --to of the same position, for its preflight")
+    p.add_argument("--to-token-file", action="append", default=[], metavar="FILE",
+                   help="a token of the --to-api of the same position (one file: for all; or $VGPUMGR_TO_TOKEN)")
+    p.add_argument("--reason", metavar="R", help="why the host is drained (the cordon's reason)")
     p.add_argument("--json", action="store_true")
     p = cmd(host, ("host", "show"), "vgpumgr.cli.fleet:show", "whether a host is cordoned, and why")
     p.add_argument("host", nargs="?", metavar="HOST", help="the host (default: this one)")

@@ -40,6 +40,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.vm": ("vm",),
     "vgpumgr.cli.service": ("serve", "token", "install-units"),
     "vgpumgr.cli.restore": ("restore", "profile"),
+    "vgpumgr.cli.telemetry": ("top",),
     "vgpumgr.cli.fleet": ("fleet", "host"),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
@@ -164,6 +165,17 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p = cmd(sim, ("sim", "hold"), "vgpumgr.sim.cli:hold", "pretend a process holds a device open (tests, demo)")
     p.add_argument("target", metavar="UUID|BDF")
     p.add_argument("--by", default="qemu-system-x86", help="process name")
+
+    p = cmd(sim, ("sim", "guest"), "vgpumgr.sim.cli:guest",
+            "pretend a VM runs on a vGPU (NVML then reports it), set what its guest does, or stop it")
+    p.add_argument("action", choices=("start", "stop", "load", "licence", "list"))
+    p.add_argument("ref", nargs="?", metavar="UUID|BDF", help="the vGPU (mdev UUID or VF), or a running VM's UUID")
+    p.add_argument("--vm", metavar="NAME", help="start: the libvirt domain running it (default: its record's VM)")
+    p.add_argument("--load", action="append", default=[], metavar="ENGINE=PERCENT",
+                   help="load: sm, mem, enc, dec, jpg, ofa, wobble (repeat)")
+    p.add_argument("--fb-used-mb", type=int, metavar="MB")
+    p.add_argument("--state", metavar="STATE", help="licence: licensed, unlicensed, unlicensed-restricted, ...")
+    p.add_argument("--json", action="store_true")
 
     p = cmd(sub, ("demo",), "vgpumgr.sim.demo:demo", "walk through the main job on a simulated host")
     p.add_argument("--dir", metavar="DIR", help="where to build the simulated host (default: a temp dir)")

@@ -52,6 +52,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--json", action="store_true")
     p = cmd(lic, ("license", "remove"), "vgpumgr.cli.records:licence_remove", "remove a pool with no seats in use")
     p.add_argument("name", metavar="NAME")
+    p = cmd(lic, ("license", "check"), "vgpumgr.cli.telemetry:licence_check",
+            "compare the seat ledger with what each running guest reports (exit 10 on any finding)")
+    p.add_argument("--json", action="store_true")
 
     p = cmd(sub, ("reconcile",), "vgpumgr.cli.records:reconcile", "compare records with the host's devices")
     p.add_argument("--fix", action="store_true",

@@ -36,6 +36,17 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
         p.add_argument("name", metavar="NAME")
         if action in ("show", "start", "stop", "delete"):
             p.add_argument("--json", action="store_true")
+    p = cmd(vm, ("vm", "migrate"), "vgpumgr.cli.migrate:migrate",
+            "move a VM and its vGPUs to another host (libvirt peer-to-peer, checked before it starts)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--to", required=True, metavar="URI", help="the destination's libvirt URI (qemu+ssh://HOST/system)")
+    p.add_argument("--offline", action="store_true", help="the VM is shut off: move its definition and records")
+    p.add_argument("--dry-run", action="store_true", help="only the preflight: where each vGPU would land, and why not")
+    p.add_argument("--to-api", metavar="URL", help="the destination's vgpumgr service for the preflight "
+                                                   "(unix:/run/vgpumgr/api.sock, https://HOST:8470; $VGPUMGR_TO_API)")
+    p.add_argument("--to-token-file", metavar="FILE", help="a token of the destination's service "
+                                                           "(or $VGPUMGR_TO_TOKEN)")
+    p.add_argument("--json", action="store_true")
     p = cmd(vm, ("vm", "attach"), "vgpumgr.cli.vm:attach", "add a vGPU to a defined VM")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--vgpu", required=True, metavar="TYPE")

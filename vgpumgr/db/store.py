@@ -29,6 +29,7 @@ from vgpumgr.db.models import (
     Gpu,
     Host,
     LicenceLease,
+    LicencePool,
     VgpuTypeEntry,
     Vm,
     utcnow,
@@ -364,6 +365,22 @@ _LIVE_ROWS = (select(*(_ALLOC.c[c] for c in _LIVE_COLUMNS), _VMS.c.name.label("v
               .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id))
               .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES))
               .order_by(_ALLOC.c.id))
+
+
+_LEASES = LicenceLease.__table__
+_POOLS = LicencePool.__table__
+_SEATED_ROWS = (select(_ALLOC.c.id, _ALLOC.c.backend, _ALLOC.c.parent, _ALLOC.c.pci_address, _ALLOC.c.uuid,
+                       _ALLOC.c.type_id, _ALLOC.c.type_name, _ALLOC.c.series, _ALLOC.c.detail, _ALLOC.c.activated_at,
+                       _VMS.c.name.label("vm_name"), _POOLS.c.edition.label("edition"))
+                .select_from(_ALLOC.outerjoin(_VMS, _VMS.c.id == _ALLOC.c.vm_id)
+                             .outerjoin(_LEASES, _LEASES.c.id == _ALLOC.c.lease_id)
+                             .outerjoin(_POOLS, _POOLS.c.id == _LEASES.c.pool_id))
+                .where(_ALLOC.c.host_id == bindparam("host_id"), _ALLOC.c.state.in_(LIVE_STATES)))
+
+
+def seated_rows(session: Session, host: Host | int) -> list[Any]:
+    """Every live allocation with its VM's name and its seat's edition: one query (telemetry's join)."""
+    return list(session.connection().execute(_SEATED_ROWS, {"host_id": _id(host)}))
 
 
 def live_rows(session: Session, host: Host | int) -> list[Any]:

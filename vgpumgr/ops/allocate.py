@@ -43,13 +43,17 @@ def place(svc: Context, type_name: str, vm: str | None = None, policy: Policy | 
 
 def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Policy | None = None,
              idempotency_key: str | None = None, uuid: str | None = None, actor: str | None = None,
-             detail: dict[str, Any] | None = None, free_gpu_instances: dict[str, list[str]] | None = None
-             ) -> dict[str, Any]:
-    """Place and create one vGPU. A retried request with the same idempotency key gets the same vGPU."""
+             detail: dict[str, Any] | None = None, free_gpu_instances: dict[str, list[str]] | None = None,
+             lease_id: int | None = None, activate: bool = True) -> dict[str, Any]:
+    """Place and create one vGPU. A retried request with the same idempotency key gets the same vGPU.
+
+    `lease_id`: a held licence seat the vGPU shares instead of taking one (a VM migrating in on a shared
+    database keeps its seat). `activate=False`: the device is made but the record stays *reserved*, owned by
+    this process, until the caller activates it (an incoming migration: when the domain starts here)."""
     uuid = ids.mdev_uuid(uuid) if uuid else None
     vm = ids.vm_name(vm) if vm else None
     policy = policy or Policy()
-    args = (svc, type_name, vm, policy, idempotency_key, uuid, actor, detail, free_gpu_instances)
+    args = (svc, type_name, vm, policy, idempotency_key, uuid, actor, detail, free_gpu_instances, lease_id)
     with svc.locked():  # held from the decision to the kernel write: the reservation row guards the rest
         try:
             made = _allocate_locked(*args, check_dead=True)
@@ -59,6 +63,9 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
     if isinstance(made, dict):
         return made  # the earlier answer to this idempotency key
     row, c = made
+    if not activate:
+        with svc.reads() as s:
+            return allocation_dict(row, s, vm_name=vm)
     # Our reserved row (owned by this live process) counts as taken for every other placement meanwhile.
     with svc.tx() as s:  # `row` is what the reservation wrote (and its seat): no need to read it back
         store.activate(s, row, keep_owner=leases.is_holding())
@@ -71,7 +78,7 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
 
 def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Policy, idempotency_key: str | None,
                      uuid: str | None, actor: str | None, detail: dict[str, Any] | None,
-                     free_gpu_instances: dict[str, list[str]] | None, *, check_dead: bool
+                     free_gpu_instances: dict[str, list[str]] | None, lease_id: int | None, *, check_dead: bool
                      ) -> dict[str, Any] | tuple[AllocRow, Any]:
     """Decide, reserve and write to the kernel (holding the host lock): the reserved row and the choice, or
     the earlier answer to the idempotency key."""
@@ -108,8 +115,9 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
                 pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
                 type_name=c.name, series=series, idempotency_key=idempotency_key,
                 detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
-            licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
-                              actor=actor or svc.cfg.actor, host_name=svc.hostname)
+            if lease_id is None or not licensing.share(s, row, lease_id):
+                licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
+                                  actor=actor or svc.cfg.actor, host_name=svc.hostname)
             svc.event(s, audit.PLACEMENT, actor=actor, gpu=c.gpu, vm=vm, vgpu=new_uuid or c.parent,
                        detail={"type": c.type, "name": c.name, "parent": c.parent, "why": c.why})
     if c is None:

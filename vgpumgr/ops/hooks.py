@@ -16,6 +16,7 @@ from vgpumgr.errors import Conflict, InvalidInput, NotFound, VgpuError
 from vgpumgr.model import BACKEND_NVIDIA_VF
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc
+from vgpumgr.ops import incoming as incoming_ops
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX, Owner
 from vgpumgr.ops.context import Context
 from vgpumgr.placement import Policy
@@ -29,8 +30,7 @@ def _live(svc: Context, uuid: str) -> dict[str, Any] | None:
 
 
 def _present(svc: Context, uuid: str) -> bool:
-    inv = svc.snapshot(refresh=True).inventory
-    return any(m.uuid == uuid for m in inv.mdevs)
+    return svc.host.mdev(uuid).exists()  # /sys/bus/mdev/devices/<uuid>: the kernel's own answer
 
 
 def ensure(svc: Context, *, uuid: str, type_name: str, vm: str, parent: str | None = None,
@@ -167,7 +167,14 @@ def libvirt_prepare(svc: Context, domain: str, xml: str, *, actor: str | None = 
         key = f"{key_prefix}-vf{n}" if key_prefix else None
         outcome = _prepare_vf(svc, domain, address, meta.get(address, {}), key, actor)
         {"ready": ready, "created": created, "restored": restored}.get(outcome or "", []).append(address)
-    return {"vm": domain, "ready": ready, "created": created, "restored": restored}
+    arrived = incoming_ops.arrived(svc, domain, actor=actor)  # a migrating domain's vGPUs become active here
+    return {"vm": domain, "ready": ready, "created": created, "restored": restored, "arrived": arrived}
+
+
+def libvirt_migrate(svc: Context, domain: str, xml: str, *, actor: str | None = None) -> dict[str, Any]:
+    """`migrate begin` / `restore begin` on this host: reserve the incoming domain's vGPUs here and hand back
+    its XML rewritten to them (see ops/incoming.py)."""
+    return incoming_ops.receive(svc, domain, xml, actor=actor)
 
 
 def libvirt_release(svc: Context, domain: str, xml: str, *, grace: float = 0.0,

@@ -172,7 +172,7 @@ def find_dead(svc: Context) -> list[Dead]:
     now = utcnow()
     with svc.reads() as s:
         suspects = [(r, why_dead(svc, r, now)) for r in store.in_flight(s, svc.host_id(s))
-                    if not is_me(r.owner_boot, r.owner_pid, r.owner_started)]
+                    if not _mine_and_leased(r, now)]
         dead = []
         for r, reason in suspects:
             if reason is None:
@@ -194,9 +194,16 @@ def check_dead(svc: Context, live: list[Any]) -> None:
     caller's transaction for placement too, so a clean host costs no query of its own)."""
     now = utcnow()
     for r in live:
-        if store.is_in_flight(r) and not is_me(r.owner_boot, r.owner_pid, r.owner_started) \
-                and why_dead(svc, r, now) is not None:
+        if store.is_in_flight(r) and not _mine_and_leased(r, now) and why_dead(svc, r, now) is not None:
             raise ReapFirst
+
+
+def _mine_and_leased(row: Any, now: datetime) -> bool:
+    """This process's own operation, within its lease. A lease that ran out ends even this process's hold:
+    an incoming migration's reservation (owned by the service that made it) lapses when the domain never
+    arrives."""
+    return is_me(row.owner_boot, row.owner_pid, row.owner_started) and (
+        row.lease_until is None or row.lease_until > now)
 
 
 def reap(svc: Context, actor: str | None = None) -> list[dict[str, Any]]:

@@ -20,7 +20,8 @@ def _mig_type_name(svc: Context, profile: str, gpu: str | None) -> str:
     return mig_type_name(svc.snapshot().inventory, profile, gpu)[0]
 
 def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: Policy | None = None,
-                 idempotency_key: str | None = None, actor: str | None = None) -> dict[str, Any]:
+                 idempotency_key: str | None = None, actor: str | None = None, detail: dict[str, Any] | None = None,
+                 lease_id: int | None = None, activate: bool = True) -> dict[str, Any]:
     """A MIG-backed vGPU: reuse or create a matching GPU instance, then place the matching type on a VF."""
     from vgpumgr import mig as mig_plan
 
@@ -32,8 +33,9 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
             if found is not None:
                 return found
         created = None
+        denied = policy.deny_gpus if policy else frozenset()
         free = free_gpu_instances(svc, layer)
-        if not any(profile in v for v in free.values()):
+        if not any(profile in v for a, v in free.items() if a not in denied):
             gpu = _gpu_for_new_instance(svc, layer, profile, policy)
             created = layer.create_gpu_instance(gpu, profile)
             svc.host.kernel.gpu_instances_changed(layer)
@@ -41,12 +43,13 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
             with svc.tx() as s:
                 svc.event(s, "mig.gi.create", actor=actor, gpu=gpu, vm=vm, detail=created)
             free = free_gpu_instances(svc, layer)
-        gpu = next(a for a in sorted(free) if profile in free[a])
+        gpu = next(a for a in sorted(free) if profile in free[a] and a not in denied)
         type_name = _mig_type_name(svc, profile, gpu)
         pinned = dataclasses.replace(policy or Policy(), pin_gpu=gpu)
         try:
             result = alloc.allocate(svc, type_name, vm=vm, policy=pinned, idempotency_key=idempotency_key,
-                                    actor=actor, detail={"mig_profile": profile}, free_gpu_instances=free)
+                                    actor=actor, detail={**(detail or {}), "mig_profile": profile},
+                                    free_gpu_instances=free, lease_id=lease_id, activate=activate)
         except BaseException:
             if created:
                 with suppress():
@@ -95,6 +98,9 @@ def _gpu_for_new_instance(svc: Context, layer, profile: str, policy: Policy | No
             reasons.append(f"{addr}: MIG is off")
             continue
         if policy and policy.pin_gpu and policy.pin_gpu != addr:
+            continue
+        if policy and addr in policy.deny_gpus:
+            reasons.append(f"{addr}: excluded by the policy")
             continue
         try:
             table = layer.mig_table(addr)

@@ -70,3 +70,62 @@ def reboot(args: argparse.Namespace, out: TextIO) -> int:
     if lost["iommu_groups"]:
         out.write(f"  IOMMU groups renumbered in bus order for {len(lost['iommu_groups'])} function(s)\n")
     return 0
+
+
+def guest(args: argparse.Namespace, out: TextIO) -> int:
+    """`vgpumgr sim guest start|stop|load|licence|list`: the simulated NVML's running vGPUs."""
+    from vgpumgr.sim import guests
+
+    cfg = config(args)
+    if not cfg.host.simulated:
+        raise InvalidInput("`sim guest` only works on a simulated root",
+                           hint="pass --sysfs-root DIR of a simulated host")
+    root = cfg.host.root
+    try:
+        if args.action == "list":
+            res: object = guests.running(root)
+        elif not args.ref:
+            raise InvalidInput(f"`sim guest {args.action}` needs the vGPU", hint="give its mdev UUID or VF address")
+        elif args.action == "start":
+            res = guests.start(root, args.ref, **_vm_of(cfg, args))
+        elif args.action == "stop":
+            res = guests.stop(root, args.ref)
+        elif args.action == "load":
+            load = {}
+            for item in args.load:
+                key, _, value = item.partition("=")
+                try:
+                    load[key.strip()] = float(value)
+                except ValueError:
+                    raise InvalidInput(f"'{item}' is not ENGINE=PERCENT", hint="e.g. --load sm=60") from None
+            res = guests.set_load(root, args.ref, fb_used_mb=args.fb_used_mb, **load)
+        else:
+            res = guests.set_licence(root, args.ref, args.state or "licensed")
+    except ValueError as e:
+        raise InvalidInput(str(e), hint="`vgpumgr sim guest list` shows the running guests") from None
+    if args.json:
+        from vgpumgr.cli.output import dump_json
+
+        dump_json(out, res)
+    elif args.action == "list":
+        for g in res:  # type: ignore[attr-defined]
+            out.write(f"{g['id']}  {g['gpu']}  {g['mdev_uuid'] or g['vf']}  VM {g['vm_name'] or g['vm_uuid']}  "
+                      f"load {g.get('load') or {}}\n")
+    else:
+        out.write(f"guest {args.action}: {args.ref}\n")
+    return 0
+
+
+def _vm_of(cfg: object, args: argparse.Namespace) -> dict[str, str | None]:
+    """The VM a started guest belongs to: its libvirt domain's UUID (by --vm, else the vGPU's record)."""
+    from vgpumgr.service import Service
+
+    svc = Service(cfg)  # type: ignore[arg-type]
+    name = args.vm
+    if name is None:
+        rec = svc.find_allocation(args.ref)
+        name = rec["vm"]
+    uuid = next((d["uuid"] for d in svc.list_vms() if d["name"] == name), None)
+    if uuid is None:
+        raise NotFound(f"no libvirt domain {name}", hint="give --vm NAME of a defined VM")
+    return {"vm_uuid": uuid, "vm_name": name}

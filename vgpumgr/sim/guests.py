@@ -11,7 +11,7 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.sim.nvml import SimNvml
-from vgpumgr.sim.platform import nvml_state_path
+from vgpumgr.sim.paths import nvml_state_path
 
 
 def _layer(root: Path) -> SimNvml:
@@ -44,8 +44,37 @@ def _device(root: Path, ref: str) -> tuple[str, str, str | None, str | None]:
     return mdev.gpu, mdev.type, uuid, vf
 
 
+def start_many(root: str | Path, guests: list[tuple[str, str, str | None]]) -> int:
+    """Start many guests at once ((ref, VM UUID, VM name) each): one read of the host, one state write
+    (benchmarks with hundreds of vGPUs). Returns how many started."""
+    from vgpumgr.host import Host
+    from vgpumgr.inventory import scan
+
+    root = Path(root)
+    inv = scan(Host(root))
+    mdevs = {m.uuid: m for m in inv.mdevs}
+    vfs = {v.address: v for v in inv.vf_vgpus}
+    nvml = _layer(root)
+    with nvml._mutate() as state:
+        by_gpu = {g["address"]: g for g in state["gpus"]}
+        next_id = state.get("next_vgpu_instance", 1)
+        for ref, vm_uuid, vm_name in guests:
+            m, v = mdevs.get(ref), vfs.get(ref)
+            gpu, type_dir = (m.gpu, m.type) if m else (v.gpu, v.type) if v else (None, None)
+            if gpu not in by_gpu or type_dir is None:
+                raise ValueError(f"{ref} is no vGPU of a GPU with a simulated NVML")
+            by_gpu[gpu].setdefault("vgpu_instances", []).append({
+                "id": next_id, "uuid": str(uuidlib.uuid4()), "vm_uuid": ids.mdev_uuid(vm_uuid), "vm_name": vm_name,
+                "mdev_uuid": ref if m else None, "vf": (m.parent if m and m.parent != m.gpu else None) if m else ref,
+                "type_id": ids.nvidia_type_id(type_dir), "gi_id": None, "guest_driver": None,
+                "guest_vgpu_version": nvml._range()[1], "started": time.time()})
+            next_id += 1
+        state["next_vgpu_instance"] = next_id
+    return len(guests)
+
+
 def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = None,
-          guest_driver: str | None = None) -> dict[str, Any]:
+          guest_driver: str | None = None, guest_vgpu_version: int | None = None) -> dict[str, Any]:
     """A VM opens the vGPU `ref` (mdev UUID or VF address): it becomes an active vGPU instance."""
     root = Path(root)
     vm_uuid = ids.mdev_uuid(vm_uuid)  # a domain UUID has the same form
@@ -64,7 +93,8 @@ def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = Non
         inst = {"id": state.get("next_vgpu_instance", 1), "uuid": str(uuidlib.uuid4()), "vm_uuid": vm_uuid,
                 "vm_name": vm_name, "mdev_uuid": mdev_uuid, "vf": vf, "type_id": type_id,
                 "gi_id": _free_gpu_instance(gpu, actives, spec_type.gi_profile_id), "guest_driver": guest_driver,
-                "started": time.time()}
+                # the version the guest's driver negotiates: the newest this host's vGPU manager offers
+                "guest_vgpu_version": guest_vgpu_version or nvml._range()[1], "started": time.time()}
         state["next_vgpu_instance"] = inst["id"] + 1
         actives.append(inst)
     return dict(inst, gpu=gpu_address)
@@ -85,13 +115,12 @@ def stop(root: str | Path, ref: str | int) -> dict[str, Any]:
     """The VM lets the vGPU go (shut down, migrated away): its instance ends. `ref`: mdev UUID, VF address,
     VM UUID or instance id."""
     nvml = _layer(Path(root))
-    key = str(ref).strip().lower()
     with nvml._mutate() as state:
+        inst = _find(state, ref)
         for gpu in state["gpus"]:
-            for inst in gpu.get("vgpu_instances", ()):
-                if key in (str(inst["id"]), inst["mdev_uuid"], inst["vf"], inst["vm_uuid"]):
-                    gpu["vgpu_instances"].remove(inst)
-                    return dict(inst, gpu=gpu["address"])
+            if inst in gpu.get("vgpu_instances", ()):
+                gpu["vgpu_instances"].remove(inst)
+                return dict(inst, gpu=gpu["address"])
     raise ValueError(f"no running guest on {ref}")
 
 
@@ -99,3 +128,54 @@ def running(root: str | Path) -> list[dict[str, Any]]:
     """Every active vGPU instance, with its GPU's address."""
     state = _layer(Path(root))._load()
     return [dict(inst, gpu=gpu["address"]) for gpu in state["gpus"] for inst in gpu.get("vgpu_instances", ())]
+
+
+def _find(state: dict[str, Any], ref: str | int) -> dict[str, Any]:
+    key = str(ref).strip().lower()
+    for gpu in state["gpus"]:
+        for inst in gpu.get("vgpu_instances", ()):
+            if key in (str(inst["id"]), inst["mdev_uuid"], inst["vf"], inst["vm_uuid"]):
+                return inst
+    raise ValueError(f"no running guest on {ref}")
+
+
+LOAD_KEYS = ("sm", "mem", "enc", "dec", "jpg", "ofa", "wobble")
+
+
+def set_load(root: str | Path, ref: str | int, *, fb_used_mb: int | None = None,
+             encoder: dict[str, int] | None = None, fbc: dict[str, int] | None = None,
+             frame_rate_limit: int | None = None, **load: float) -> dict[str, Any]:
+    """What the guest on `ref` does: per engine a base percentage (sm, mem, enc, dec, jpg, ofa) and `wobble`,
+    the framebuffer it uses, its encoder and FBC sessions ({"sessions", "fps", "latency_us"}), its frame rate
+    limit (see vgpumgr.sim.nvml_telemetry for how NVML answers from these)."""
+    bad = set(load) - set(LOAD_KEYS)
+    if bad:
+        raise ValueError(f"unknown load {sorted(bad)}; known: {', '.join(LOAD_KEYS)}")
+    nvml = _layer(Path(root))
+    with nvml._mutate() as state:
+        inst = _find(state, ref)
+        inst["load"] = {**(inst.get("load") or {}), **{k: float(v) for k, v in load.items()}}
+        if fb_used_mb is not None:
+            inst["fb_used_mb"] = int(fb_used_mb)
+        if encoder is not None:
+            inst["encoder"] = dict(encoder)
+        if fbc is not None:
+            inst["fbc"] = dict(fbc)
+        if frame_rate_limit is not None:
+            inst["frame_rate_limit"] = int(frame_rate_limit)
+        return dict(inst)
+
+
+LICENCE_STATES = {"unknown": 0, "uninitialized": 1, "unlicensed-unrestricted": 2, "unlicensed-restricted": 3,
+                  "unlicensed": 4, "licensed": 5}  # NVML_GRID_LICENSE_STATE_*
+
+
+def set_licence(root: str | Path, ref: str | int, state: str, *, expiry: float | None = None) -> dict[str, Any]:
+    """The licence state the guest's driver reports (`licensed`, `unlicensed`, ...), with an expiry (epoch s)."""
+    if state not in LICENCE_STATES:
+        raise ValueError(f"unknown licence state {state!r}; known: {', '.join(LICENCE_STATES)}")
+    nvml = _layer(Path(root))
+    with nvml._mutate() as st:
+        inst = _find(st, ref)
+        inst["licence"] = {"state": LICENCE_STATES[state], "expiry": expiry}
+        return dict(inst)

@@ -38,6 +38,8 @@ from typing import Any
 import pynvml
 
 from vgpumgr import ids, mig
+from vgpumgr.sim.nvml_migration import VgpuMigration
+from vgpumgr.sim.nvml_telemetry import VgpuTelemetry
 from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
 STATE_VERSION = 1
@@ -157,9 +159,30 @@ def reboot_state(state_path: str | os.PathLike[str]) -> dict[str, dict[str, Any]
 
 
 def _write(path: Path, state: dict[str, Any]) -> None:
+    """Replace the state file, then count a new generation (readers keep a parsed copy while both the count
+    and the file's identity are unchanged: see SimNvml._load). Call it holding the state's lock."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+    gen = _generation(path)
+    gtmp = path.with_name(path.name + ".gen.tmp")
+    gtmp.write_text(str((gen or 0) + 1))
+    os.replace(gtmp, path.with_name(path.name + ".gen"))
+
+
+def _generation(path: Path) -> int | None:
+    try:
+        return int(path.with_name(path.name + ".gen").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_state(state_path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Replace the whole state (tests and tools that set up a GPU by hand), as every writer here does."""
+    path = Path(state_path)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write(path, state)
 
 
 def _err(code: int) -> pynvml.NVMLError:
@@ -182,12 +205,18 @@ def _deref(ref: Any) -> Any:
     return obj
 
 
-class SimNvml(VgpuInstances):
+class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
     """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
+
+    profiles = SIM_PROFILES
 
     def __init__(self, state_path: str | os.PathLike[str]) -> None:
         self.state_path = Path(state_path)
+        self._state_file = str(self.state_path)
+        self._gen_file = str(self.state_path.with_name(self.state_path.name + ".gen"))
         self._state: dict[str, Any] | None = None
+        self._parsed_key: tuple[Any, ...] | None = None
+        self.instances: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # of the parsed copy, by id
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(pynvml, name)  # constants, structs, NVMLError classes
@@ -198,13 +227,37 @@ class SimNvml(VgpuInstances):
         return value
 
     # -- state ----------------------------------------------------------------------------------
+    def _key(self) -> tuple[Any, ...] | None:
+        """The state's generation and the file's identity: unchanged, the parsed copy is still the state.
+        (Plain os calls on prepared strings: every simulated NVML call pays this.)"""
+        try:
+            fd = os.open(self._gen_file, os.O_RDONLY)
+            try:
+                gen = os.read(fd, 32)
+            finally:
+                os.close(fd)
+        except OSError:
+            gen = b""
+        try:
+            st = os.stat(self._state_file)
+        except OSError as exc:
+            raise _err(pynvml.NVML_ERROR_GPU_NOT_FOUND) from exc
+        return (gen, st.st_ino, st.st_size, st.st_mtime_ns) if gen.strip().isdigit() else None
+
     def _load(self) -> dict[str, Any]:
+        """The state as the file has it now. Every NVML call reads it; a parsed copy is kept while the file is
+        unchanged (a vGPU telemetry pass makes thousands of calls). Readers never change what it returns."""
         if self._state is None:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        key = self._key()
+        if key is not None and key == self._parsed_key:
+            return self._state
         try:
             self._state = json.loads(self.state_path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise _err(pynvml.NVML_ERROR_GPU_NOT_FOUND) from exc
+        self._parsed_key = key
+        self.instances = {i["id"]: (g, i) for g in self._state.get("gpus", ()) for i in g.get("vgpu_instances", ())}
         return self._state
 
     @contextmanager
@@ -212,7 +265,11 @@ class SimNvml(VgpuInstances):
         lock_path = self.state_path.with_name(self.state_path.name + ".lock")
         with open(lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._state is None:
+                raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._parsed_key = None  # a change starts from the file, never from a copy it may leave half-done
             state = self._load()
+            self._parsed_key = None
             yield state
             _write(self.state_path, state)
 
@@ -247,11 +304,11 @@ class SimNvml(VgpuInstances):
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
         if not self.state_path.is_file():
             raise _err(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-        self._state = {}
+        self._state, self._parsed_key = {}, None
         self._load()
 
     def nvmlShutdown(self) -> None:  # noqa: N802
-        self._state = None
+        self._state, self._parsed_key = None, None
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return self._load()["driver_version"]

@@ -29,20 +29,22 @@ class VgpuInstances:
 
     _load: Any
     _read: Any
+    instances: dict[int, tuple[dict[str, Any], dict[str, Any]]]
 
     def _instance(self, vgpu_instance: int, call: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(gpu entry, instance entry) of an active vGPU; the GPU's lost / NotSupported flags apply."""
         if not vgpu_instance:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        for gpu in self._load()["gpus"]:
-            for inst in gpu.get("vgpu_instances", ()):
-                if inst["id"] == int(vgpu_instance):
-                    if gpu.get("lost"):
-                        raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
-                    if call in gpu.get("not_supported", ()):
-                        raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-                    return gpu, inst
-        raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        self._load()
+        found = self.instances.get(int(vgpu_instance))  # SimNvml indexes them whenever it reads the state
+        if found is None:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        gpu, inst = found
+        if gpu.get("lost"):
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if call in gpu.get("not_supported", ()):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu, inst
 
     def nvmlDeviceGetActiveVgpus(self, handle: Any) -> list[int]:  # noqa: N802 - pynvml's names
         gpu, _spec = self._read(handle, "nvmlDeviceGetActiveVgpus")

@@ -7,17 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from vgpumgr.host import KERNEL_FILE, Host, Kernel
+from vgpumgr.sim.paths import NVML_STATE, nvml_state_path
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
 if TYPE_CHECKING:
     from typing import Any
 
-NVML_STATE = ".vgpumgr-nvml.json"
-
-
-def nvml_state_path(root: Path) -> Path:
-    return Path(root) / NVML_STATE
-
+__all__ = ["NVML_STATE", "SimKernel", "mark", "nvml_state_path"]
 
 def mark(root: Path) -> None:
     """Make `root` open with the simulator's kernel."""
@@ -45,6 +41,13 @@ class SimKernel(Kernel):
         from vgpumgr.sim.nvml import SimNvml
 
         return SimNvml(path)
+
+    def migration_transport(self, uri: str) -> Any | None:
+        """A destination `vgpumgr+sim:///STATE` is another simulated host: libvirt's migration is played
+        by vgpumgr.sim.libvirtd, hooks and all; any other URI goes to libvirt."""
+        from vgpumgr.sim.libvirtd import SCHEME, SimMigration
+
+        return SimMigration(uri) if uri.startswith(SCHEME) else None
 
     def gpu_instances_changed(self, layer: Any) -> None:
         """The driver knows its GPU instances; in the simulator sysfs must be told what NVML did."""

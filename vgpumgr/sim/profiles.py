@@ -159,7 +159,7 @@ def _create_nvml(root: Path, tree: SimTree) -> None:
     for entry in state["gpus"]:
         mig = tree.state["gpus"][entry["address"]].get("mig", False)
         entry["mig_mode"] = [int(mig), int(mig)]
-    path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    simnvml.write_state(path, state)
 
 
 def create(root: str | Path, profile: str, scale: int = 1, vfs: int | None = None, force: bool = False) -> Path:

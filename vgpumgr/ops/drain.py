@@ -1,0 +1,57 @@
+"""`vgpumgr host drain`: empty this host of its running vGPU VMs, one live migration at a time.
+
+The host is cordoned first (nothing new is placed on it, no migration comes in) and stays so until
+`vgpumgr host uncordon`. Each running VM with a vGPU goes to the first destination that can take it: where a
+destination's vgpumgr service is named, its preflight decides without changing anything; otherwise the
+migration is tried and the destination's `migrate begin` hook refuses early (libvirt cancels, the VM runs on
+here, nothing is left on either side). What could not move, and every destination's reason, is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vgpumgr.errors import InvalidInput, VgpuError
+from vgpumgr.ops import allocate as alloc
+from vgpumgr.ops.context import Context
+from vgpumgr.ops.cordon import cordon_host
+from vgpumgr.ops.migrate import RUNNING, migrate_vm
+from vgpumgr.remote import Remote
+
+DRAIN = "host.drain"
+
+
+def drain(svc: Context, destinations: list[tuple[str, Remote | None]], *, reason: str | None = None,
+          actor: str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`destinations`: (libvirt URI, its vgpumgr service or None), tried in order for each VM."""
+    if not destinations:
+        raise InvalidInput("no destination to drain to", hint="give one or more --to URI (qemu+ssh://HOST/system)")
+    say = say or (lambda _line: None)
+    cordon = cordon_host(svc, reason=reason or "draining", actor=actor)
+    with svc.virt() as v:
+        running = {d["name"] for d in v.list() if d["state"] in RUNNING}
+    vms = sorted({a["vm"] for a in alloc.allocations(svc, live=True) if a["vm"] in running})
+    moved, stayed = [], []
+    for n, vm in enumerate(vms, 1):
+        reasons: dict[str, str] = {}
+        for uri, dest in destinations:
+            say(f"[{n}/{len(vms)}] {vm} -> {uri}")
+            try:
+                if dest is not None:
+                    check = migrate_vm(svc, vm, uri, dest=dest, dry_run=True, actor=actor)
+                    if not check["ok"]:
+                        reasons[uri] = "; ".join(check["refusals"])
+                        continue
+                res = migrate_vm(svc, vm, uri, dest=dest, actor=actor)
+            except VgpuError as e:
+                reasons[uri] = e.message
+                continue
+            moved.append({"vm": vm, "to": uri, "migration": res["migration"], "seconds": res["seconds"]})
+            break
+        else:
+            stayed.append({"vm": vm, "reasons": reasons})
+    result = {"host": cordon["host"], "cordoned": True, "moved": moved, "stayed": stayed}
+    with svc.tx() as s:
+        svc.event(s, DRAIN, "ok" if not stayed else "warning", actor=actor, detail=result)
+    return result

@@ -1,0 +1,46 @@
+"""Telemetry as the CLI and the REST service ask for it: a snapshot of the running vGPUs joined with the
+records, and the licence check (see vgpumgr.telemetry)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpumgr.ops.context import Context
+from vgpumgr.telemetry import licence_check as check
+from vgpumgr.telemetry import snapshot
+from vgpumgr.telemetry.read import Reader
+
+
+def _reader(svc: Context) -> Reader:
+    reader = getattr(svc, "_telemetry_reader", None)
+    if reader is None:
+        from vgpumgr.nvml import NvmlLayer
+        from vgpumgr.nvml_facts import nvml_layer
+
+        reader = Reader(nvml_layer(svc.cfg) or NvmlLayer(None, notice="NVML is not available here"))
+        svc._telemetry_reader = reader  # type: ignore[attr-defined]
+    return reader
+
+
+def telemetry(svc: Context, gpu: str | None = None) -> dict[str, Any]:
+    """Every running vGPU of this host now (only those on `gpu` when given)."""
+    snap = snapshot.take(svc, _reader(svc))
+    if gpu:
+        from vgpumgr import ids
+
+        gpu = ids.pci_address(gpu)
+        snap = {**snap, "vgpus": [r for r in snap["vgpus"] if r["gpu"] == gpu],
+                "gpus": [g for g in snap["gpus"] if g["gpu"] == gpu]}
+    return snap
+
+
+def licence_check(svc: Context, snap: dict[str, Any] | None = None, *, audit: bool = True,
+                  actor: str | None = None) -> dict[str, Any]:
+    """The ledger against the guests; new findings are audited once (unless `audit` is False: the web view
+    shows them without writing)."""
+    snap = snap or telemetry(svc)
+    found = check.findings(svc, snap)
+    new = check.audit_new(svc, found, actor) if audit else []
+    return {"taken": snap["taken"], "host": snap["host"], "findings": found,
+            "newly_audited": [f["key"] for f in new], "checked_vgpus": len(snap["vgpus"]),
+            "absent": snap["absent"], "notices": snap["notices"]}
