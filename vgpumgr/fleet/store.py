@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, bindparam, case, func, select, text
 from sqlalchemy.orm import Session
 
-from vgpumgr.db.models import LIVE_STATES, Allocation, FleetCapacity, FleetGpu, Host, Vm
+from vgpumgr.db.models import ALLOC_ACTIVE, LIVE_STATES, Allocation, FleetCapacity, FleetGpu, Host, Vm
 
 # -- reads (anyone) ---------------------------------------------------------------------------------------------
 # A placer reads every host and one type's rows grouped per host and board: about one row per host, however many
@@ -192,8 +192,10 @@ class VmVgpu(NamedTuple):
 
 
 def vm_vgpus(s: Session, vm: str) -> list[VmVgpu]:
-    """The live vGPUs of VM `vm` on whichever host records them (the VM name index)."""
+    """The live vGPUs of VM `vm` on whichever host records them (the VM name index); a host where they are active
+    first (while a migration is under way the destination holds them reserved)."""
     q = (select(Allocation.host_id, Host.name, Allocation.type_name, Allocation.detail)
          .join(Vm, Vm.id == Allocation.vm_id).join(Host, Host.id == Allocation.host_id)
-         .where(Vm.name == vm, Allocation.state.in_(LIVE_STATES)).order_by(Host.name, Allocation.id))
+         .where(Vm.name == vm, Allocation.state.in_(LIVE_STATES))
+         .order_by(case((Allocation.state == ALLOC_ACTIVE, 0), else_=1), Host.name, Allocation.id))
     return [VmVgpu(r[0], r[1], r[2], (r[3] or {}).get("gpu")) for r in s.execute(q)]
