@@ -15,6 +15,7 @@ from api.metrics import Metrics
 from api.watch import InventoryWatcher
 from vgpumgr.config import Config
 from vgpumgr.db.session import get_engine
+from vgpumgr.fleet.heartbeat import Heartbeat
 from vgpumgr.service import Service
 
 API_VERSION = "1"
@@ -26,11 +27,15 @@ Errors are `application/problem+json` (RFC 9457) with a `hint` saying what to do
 Mutating calls take an `Idempotency-Key` header: a retry with the same key gets the same result."""
 
 
-def create_app(cfg: Config | None = None, service: Service | None = None, watch: bool = True) -> FastAPI:
-    """The app for `service` (default: a Service for `cfg`, default: Config.resolve())."""
+def create_app(cfg: Config | None = None, service: Service | None = None, watch: bool = True,
+               endpoint: str | None = None) -> FastAPI:
+    """The app for `service` (default: a Service for `cfg`, default: Config.resolve()); `endpoint`: where it
+    answers, published for the fleet unless VGPUMGR_FLEET_ENDPOINT says otherwise."""
     if service is None:
         service = Service(cfg or Config.resolve())
     watcher = InventoryWatcher(service)
+    service.fleet.endpoint = service.fleet.endpoint or endpoint
+    heartbeat = Heartbeat(lambda: service.publish_fleet(heartbeat=True), service.fleet.heartbeat_s)
     from vgpumgr.telemetry.sampler import Sampler
 
     sampler = Sampler(service)
@@ -45,11 +50,14 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
         app.state.rolled_back_at_start = rolled_back_at_start
         app.state.stale_released_at_start = stale_at_start
         app.state.inventory_updates = watcher.start() if watch else "ttl"
+        if service.fleet.enabled:
+            heartbeat.start()  # publishes this host in full now, then every heartbeat
         if watch:
             sampler.start()
         try:
             yield
         finally:
+            heartbeat.stop()
             watcher.stop()
             sampler.stop()
 

@@ -1,8 +1,10 @@
-"""This host and the fleet: cordon and uncordon (`vgpumgr host ...`)."""
+"""This host and the fleet: cordon and uncordon (`vgpumgr host ...`), what every host published, and which host
+should take a vGPU (`vgpumgr fleet ...`). The fleet's answers come from the rows the hosts published; the chosen
+host's own service allocates, and its placement decides."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,9 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import READ, VM_WRITE, require
 from api.deps import service
 from api.tokens import Token
+from vgpumgr.fleet.place import MAX_COUNT, FleetRequest
 from vgpumgr.service import Service
 
 router = APIRouter(prefix="/v1")
+TYPE = Query(min_length=1, max_length=128, description="short name (L40S-4Q), full name or type id")
 HOST = Field(default=None, min_length=1, max_length=255, description="the host (default: the one serving)")
 
 
@@ -46,3 +50,46 @@ def cordon(body: CordonIn, svc: Service = Depends(service), token: Token = Depen
 def uncordon(body: UncordonIn, svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))
              ) -> dict[str, Any]:
     return svc.uncordon_host(body.host, actor=token.actor)
+
+
+@router.get("/fleet/hosts", tags=["fleet"])
+def fleet_hosts(svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> list[dict[str, Any]]:
+    """Every host that published: its heartbeat's age and window (`stale` past it), cordon, endpoint, driver."""
+    return svc.fleet_hosts()
+
+
+@router.get("/fleet/gpus", tags=["fleet"])
+def fleet_gpus(host: str | None = Query(default=None, min_length=1, max_length=255),
+               type: str | None = Query(default=None, min_length=1, max_length=128),
+               svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> list[dict[str, Any]]:
+    """The hosts' GPUs (model, PCI and subsystem ids, driver version, mode, NUMA node); with `type`, only those
+    offering it, with its free, used and max instances."""
+    return svc.fleet_gpus(host, type)
+
+
+@router.get("/fleet/capacity", tags=["fleet"])
+def fleet_capacity(type: str | None = Query(default=None, min_length=1, max_length=128),
+                   svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    """Per type across the fleet; with `type`, per host (stale and cordoned hosts marked)."""
+    return svc.fleet_capacity(type)
+
+
+@router.get("/fleet/place", tags=["fleet"])
+def fleet_place(type: str = TYPE, vm: str | None = Query(default=None, min_length=1, max_length=64),
+                count: int = Query(default=1, ge=1, le=MAX_COUNT),
+                policy: Literal["pack", "spread"] = "pack",
+                allow_model: list[str] = Query(default=[], max_length=32),
+                deny_model: list[str] = Query(default=[], max_length=32),
+                svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    """Which host should take `count` vGPUs of `type` (for `vm`: a VM recorded on another host is being moved,
+    and NVIDIA's live-migration rules apply), ranked, and why each other host should not. Changes nothing: ask
+    the chosen host's own service to allocate (`POST /v1/vgpus` there), whose placement is the final word."""
+    req = FleetRequest(type, vm=vm, count=count, strategy=policy, allow_models=tuple(allow_model),
+                       deny_models=tuple(deny_model))
+    return svc.fleet_place(req).as_dict()
+
+
+@router.post("/fleet/publish", tags=["fleet"])
+def fleet_publish(svc: Service = Depends(service), _: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
+    """Publish this host now, all of it (as its heartbeat does)."""
+    return svc.publish_fleet()

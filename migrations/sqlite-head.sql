@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0007_fleet: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0008_fleet_rows: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -213,5 +213,54 @@ CREATE TABLE host_cordons (
 	PRIMARY KEY (host_id), 
 	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
-INSERT INTO "alembic_version" VALUES('0007_fleet');
+CREATE INDEX ix_vms_name ON vms (name);
+CREATE TABLE fleet_hosts (
+	host_id INTEGER NOT NULL, 
+	endpoint VARCHAR(512), 
+	migration_uri VARCHAR(512), 
+	driver_version VARCHAR(64), 
+	version VARCHAR(32) NOT NULL, 
+	heartbeat_s FLOAT NOT NULL, 
+	stale_after_s FLOAT NOT NULL, 
+	heartbeat_at DATETIME NOT NULL, 
+	generation BIGINT NOT NULL, 
+	gpus INTEGER NOT NULL, 
+	vgpus INTEGER NOT NULL, 
+	PRIMARY KEY (host_id), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE TABLE fleet_gpus (
+	host_id INTEGER NOT NULL, 
+	address VARCHAR(16) NOT NULL, 
+	model VARCHAR(255) NOT NULL, 
+	vendor_id VARCHAR(8) NOT NULL, 
+	device_id VARCHAR(8) NOT NULL, 
+	subsystem_vendor_id VARCHAR(8), 
+	subsystem_device_id VARCHAR(8), 
+	driver VARCHAR(64), 
+	mode VARCHAR(16) NOT NULL, 
+	numa_node INTEGER, 
+	vgpus INTEGER NOT NULL, 
+	published_at DATETIME NOT NULL, 
+	PRIMARY KEY (host_id, address), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE TABLE fleet_capacity (
+	host_id INTEGER NOT NULL, 
+	gpu VARCHAR(16) NOT NULL, 
+	type_id VARCHAR(64) NOT NULL, 
+	name VARCHAR(255) NOT NULL, 
+	short VARCHAR(128) NOT NULL, 
+	backend VARCHAR(32) NOT NULL, 
+	framebuffer_mb INTEGER, 
+	model VARCHAR(255) NOT NULL, 
+	device_id VARCHAR(8) NOT NULL, 
+	free INTEGER NOT NULL, 
+	used INTEGER NOT NULL, 
+	max INTEGER, 
+	PRIMARY KEY (host_id, gpu, type_id), 
+	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
+);
+CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
+INSERT INTO "alembic_version" VALUES('0008_fleet_rows');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

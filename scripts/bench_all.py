@@ -2,11 +2,11 @@
 """Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
 comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
 
-    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry]
+    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet]
 
-Takes about 2-3 minutes (`--quick`: about one). The benchmarks are the scripts beside this one, run as
-separate processes with --json; a benchmark that cannot run (no PostgreSQL, no virt-install, no root for
-mdevctl's mount namespace) is listed as skipped with the reason.
+Takes several minutes (the fleet's 1,000 hosts about two of them; `--quick` about half). The benchmarks
+are the scripts beside this one, run as separate processes with --json; a benchmark that cannot run (no
+PostgreSQL, no virt-install, no root for mdevctl's mount namespace) is listed as skipped with the reason.
 """
 
 from __future__ import annotations
@@ -178,6 +178,29 @@ def demo_rows(runs: int) -> list[Row]:
                 f"{r['on_disk_median_s']:.2f} s", "-", "-", "info")]
 
 
+def fleet_rows(queries: int, pairs: int) -> list[Row]:
+    r, why = bench("bench_fleet.py", "--queries", str(queries), "--pairs", str(pairs), timeout=900)
+    if r is None:
+        return [skipped("fleet place p99, 1,000 hosts x 8 GPUs", "<= 50 ms", why)]
+    last, t = r["scales"][-1], r["targets"]
+    n = f"{last['hosts']:,} hosts"
+    rows = [at_most(f"`fleet place` p99, {n} x 8 GPUs (one PostgreSQL, {r['churn_per_s']:g} changes/s meanwhile)",
+                    last["place_ms"]["p99"], t["place_p99_ms"], "ms", ".1f", f" (p50 {last['place_ms']['p50']:.1f})"),
+            at_most(f"`fleet capacity --type` p99, {n}", last["capacity_ms"]["p99"], t["capacity_p99_ms"], "ms",
+                    ".1f", f" (p50 {last['capacity_ms']['p50']:.1f})"),
+            at_most("publishing per change on the host's path (mean, in the change's transaction)",
+                    last["publish_mean_ms"], t["publish_ms_per_change"], "ms", ".2f",
+                    f" (p99 {last['publish_ms']['p99']:.2f}; pair {last['pair_ms_on']:.1f} ms on, "
+                    f"{last['pair_ms_off']:.1f} ms off)")]
+    for s in r["scales"]:
+        rows.append(Row(f"  at {s['hosts']:,} hosts ({s['capacity_rows']:,} type rows): place / REST place / "
+                        "migrating place / capacity p99, publish mean",
+                        f"{s['place_ms']['p99']:.1f} / {s['rest_place_ms']['p99']:.1f} / "
+                        f"{s['migrating_place_ms']['p99']:.1f} / {s['capacity_ms']['p99']:.1f} ms, "
+                        f"{s['publish_mean_ms']:.2f} ms", "-", "-", "info"))
+    return rows
+
+
 def migrate_rows(runs: int) -> list[Row]:
     rows = []
     r, why = bench("bench_migrate.py", "--runs", str(runs))
@@ -219,7 +242,7 @@ def table(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
-    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate,telemetry",
+    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet",
                     help="comma-separated subset")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args()
@@ -242,6 +265,8 @@ def main() -> int:
         rows += migrate_rows(10 if a.quick else 30)
     if "telemetry" in only:
         rows += telemetry_rows(5 if a.quick else 20)
+    if "fleet" in only:
+        rows += fleet_rows(100 if a.quick else 200, 40 if a.quick else 100)
     if a.json:
         print(json.dumps([r.__dict__ for r in rows]))
     else:

@@ -252,3 +252,39 @@ def test_telemetry_charts_and_the_licence_check_in_the_browser(browser: object, 
         page.context.close()
     finally:
         server.stop()
+def test_the_fleet_page_reads_at_a_glance(browser: object, server: Server, tmp_path: Path) -> None:
+    """Hosts x GPUs: the served host and others that exist as the rows vgpumgr's publishing code wrote (one
+    cordoned, one stale), each GPU a slot map of the types in use; screenshot for the README."""
+    from fleethosts import board_capacity, publish_synthetic
+
+    url = server.cfg.db_url
+    publish_synthetic(url, "gpu-node-01", board_capacity(tmp_path, "t4", scale=4, fill={0: ("T4-4Q", 3),
+                                                                                         1: ("T4-8Q", 2),
+                                                                                         2: ("T4-16Q", 1)}))
+    publish_synthetic(url, "gpu-node-02", board_capacity(tmp_path, "l40s-vfio", scale=4, vfs=8,
+                                                         fill={0: ("L40S-4Q", 5), 1: ("L40S-12Q", 2),
+                                                               3: ("L40S-48Q", 1)}))
+    publish_synthetic(url, "gpu-node-03", board_capacity(tmp_path, "a100-mig", scale=2, vfs=8),
+                      cordon="BIOS update, drained by ops")
+    publish_synthetic(url, "gpu-node-04", board_capacity(tmp_path, "t4", scale=4, fill={0: ("T4-2Q", 6)}),
+                      stale=True)
+    page = log_in(browser, server, "auditor")
+    page.click("header >> text=Fleet")
+    page.wait_for_url(server.url + "/ui/fleet")
+    states = {h.get_attribute("data-host"): h.get_attribute("data-state")
+              for h in page.locator(".fleet-host").all()}
+    me = server.cli_json("fleet", "hosts", "--json")
+    assert {h["host"] for h in me} == set(states)
+    assert states["gpu-node-03"] == "cordoned" and states["gpu-node-04"] == "stale" and states["gpu-node-01"] == "ok"
+    node1 = page.locator('.fleet-host[data-host="gpu-node-01"] .fleet-gpu').first
+    assert node1.locator(".slot.used").count() == 3 and node1.locator(".slot.free").count() == 1
+    assert "BIOS update" in page.inner_text('.fleet-host[data-host="gpu-node-03"]')
+    assert "last heartbeat" in page.inner_text('.fleet-host[data-host="gpu-node-04"]')
+    shot(page, "fleet")
+    page.fill('input[name="type"]', "L40S-4Q")
+    page.click("text=Show")
+    served = next(h["host"] for h in me if not h["host"].startswith("gpu-node-"))
+    assert sorted(h.get_attribute("data-host") for h in page.locator(".fleet-host").all()) == sorted(
+        ["gpu-node-02", served])  # only the hosts that offer it
+    assert page.locator(".slot.want").count() > 0
+    page.context.close()

@@ -11,6 +11,7 @@ from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import cordon as cordon_ops
 from vgpumgr.ops import drain as drain_ops
+from vgpumgr.ops import fleet as fleet_ops
 from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import incoming as incoming_ops
@@ -79,4 +80,11 @@ class Service(Context):
     cordon_host = cordon_ops.cordon_host
     uncordon_host = cordon_ops.uncordon_host
     host_status = cordon_ops.host_status
+    # the fleet: what this host publishes, what all hosts published, and a host for a new vGPU
+    publish_fleet = fleet_ops.publish
+    fleet_hosts = fleet_ops.hosts
+    fleet_gpus = fleet_ops.gpus
+    fleet_capacity = fleet_ops.capacity
+    fleet_place = fleet_ops.place
+    fleet_grid = fleet_ops.grid
 

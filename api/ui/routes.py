@@ -154,6 +154,17 @@ def gpu_page(request: Request, address: str, svc: Service = Depends(service), _:
                                                            and not t.mig_profile])
 
 
+@router.get("/fleet")
+def fleet_page(request: Request, type: str | None = Query(default=None, max_length=128),
+               state: str | None = Query(default=None, pattern="^(ok|stale|cordoned)?$"),
+               page: int = Query(default=1, ge=1, le=100_000), svc: Service = Depends(service),
+               _: Token = Depends(reader)) -> Response:
+    type, state = (v.strip() or None if v else None for v in (type, state))
+    grid = svc.fleet_grid(type_name=type, state=state, page=page)
+    return render(request, "fleet.html", g=grid, me=svc.hostname, boxes=views.fleet_boxes,
+                  pages_of=views.host_pages, f={"type": type or "", "state": state or ""})
+
+
 @router.get("/vms")
 def vms_page(request: Request, svc: Service = Depends(service), _: Token = Depends(reader)) -> Response:
     error = None

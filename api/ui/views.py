@@ -218,3 +218,22 @@ def _mig_view(gpu: Gpu, records: list[dict[str, Any]]) -> MigView | None:
             bound.setdefault(profile, []).append(a.get("vm") or "(no VM)")
     return MigView(m.get("current"), m.get("pending"), table.memory_slices, boxes, rows,
                    [s for s in range(table.memory_slices) if s not in used], bound)
+
+
+# -- the fleet page -------------------------------------------------------------------------------------------
+
+MAX_FLEET_BOXES = 32  # slot boxes per type and GPU on the fleet page
+
+
+def fleet_boxes(slot: dict[str, Any]) -> list[str]:
+    """'used' then 'free' boxes of one type on one GPU, capped."""
+    return (["used"] * slot["used"] + ["free"] * slot["free"])[:MAX_FLEET_BOXES]
+
+
+def host_pages(endpoint: str | None, me: str, host: str) -> str | None:
+    """Where a host's own pages are: this host's here, another's at its published http(s) endpoint."""
+    if host == me:
+        return "/ui/"
+    if endpoint and endpoint.startswith(("http://", "https://")):
+        return endpoint.rstrip("/") + "/ui/"
+    return None  # a unix socket: no browser reaches it

@@ -4,6 +4,9 @@ Several hosts may share one (PostgreSQL) database, so every host-local row carri
 Licence pools are not host-local: one pool of seats serves every host that shares the database.
 The partial unique indexes on `allocations` are what make a double allocation impossible, whatever
 the code above them gets wrong.
+
+Long because: it declares every table in one place (the migrations and tests/test_db.py compare them as one
+metadata), and the fleet's published rows joined them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from sqlalchemy import (
     CheckConstraint,
     Date,
     DateTime,
+    Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     String,
@@ -135,7 +140,8 @@ class VgpuTypeEntry(Base):
 
 class Vm(Base):
     __tablename__ = "vms"
-    __table_args__ = (UniqueConstraint("host_id", "name", name="uq_vms_host_name"),)
+    __table_args__ = (UniqueConstraint("host_id", "name", name="uq_vms_host_name"),
+                      Index("ix_vms_name", "name"))  # the fleet finds a VM's host by its name
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
@@ -349,3 +355,66 @@ class HostCordon(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     cordoned_by: Mapped[str] = mapped_column(String(255))
     cordoned_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+# -- what each host publishes for the fleet: a cache of its own sysfs and records (vgpumgr.fleet) --------
+
+
+class FleetHost(Base):
+    __tablename__ = "fleet_hosts"
+
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    endpoint: Mapped[str | None] = mapped_column(String(512))  # where its REST service answers
+    migration_uri: Mapped[str | None] = mapped_column(String(512))  # libvirt's URI for a migration into it
+    driver_version: Mapped[str | None] = mapped_column(String(64))  # NVIDIA host driver (vGPU manager)
+    version: Mapped[str] = mapped_column(String(32))  # vgpumgr's
+    heartbeat_s: Mapped[float] = mapped_column(Float)
+    stale_after_s: Mapped[float] = mapped_column(Float)  # heartbeat x factor: older is stale
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    generation: Mapped[int] = mapped_column(BigInteger)  # +1 per publish
+    gpus: Mapped[int] = mapped_column(Integer)
+    vgpus: Mapped[int] = mapped_column(Integer)
+
+
+class FleetGpu(Base):
+    __tablename__ = "fleet_gpus"
+
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    address: Mapped[str] = mapped_column(String(16), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255))
+    vendor_id: Mapped[str] = mapped_column(String(8))
+    device_id: Mapped[str] = mapped_column(String(8))
+    subsystem_vendor_id: Mapped[str | None] = mapped_column(String(8))
+    subsystem_device_id: Mapped[str | None] = mapped_column(String(8))
+    driver: Mapped[str | None] = mapped_column(String(64))
+    mode: Mapped[str] = mapped_column(String(16))
+    numa_node: Mapped[int | None] = mapped_column(Integer)
+    vgpus: Mapped[int] = mapped_column(Integer)
+    published_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class FleetCapacity(Base):
+    """Free and used instances of one vGPU type on one published GPU."""
+
+    __tablename__ = "fleet_capacity"
+    __table_args__ = (
+        ForeignKeyConstraint(["host_id", "gpu"], ["fleet_gpus.host_id", "fleet_gpus.address"], ondelete="CASCADE",
+                             name="fk_fleet_capacity_gpu"),
+        # not on the counts, which every change moves: PostgreSQL then updates the row in place (HOT, with the
+        # room the fill factor leaves) and neither database touches an index
+        Index("ix_fleet_capacity_short", "short"),
+        {"postgresql_with": {"fillfactor": 70}},
+    )
+
+    host_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu: Mapped[str] = mapped_column(String(16), primary_key=True)
+    type_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    short: Mapped[str] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(32))
+    framebuffer_mb: Mapped[int | None] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(255))  # the GPU's, as in fleet_gpus: the placer reads no join
+    device_id: Mapped[str] = mapped_column(String(8))
+    free: Mapped[int] = mapped_column(Integer)
+    used: Mapped[int] = mapped_column(Integer)
+    max: Mapped[int | None] = mapped_column(Integer)

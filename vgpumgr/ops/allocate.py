@@ -21,23 +21,14 @@ from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuErr
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
 from vgpumgr.ops import boot_records, leases
 from vgpumgr.ops.context import FAILED, Context
-from vgpumgr.ops.records import allocation_dict
+from vgpumgr.ops.records import allocation_dict, placed
 from vgpumgr.placement import Allocation as PlacedAlloc
 from vgpumgr.placement import Decision, Policy, Request
 
 
 def live_records(svc: Context, s: Session, rows: list[Any] | None = None) -> list[PlacedAlloc]:
     """The live vGPU allocations as placement sees them (one query, unless `rows` of `store.live_rows`)."""
-    out = []
-    for a in store.live_rows(s, svc.host_id(s)) if rows is None else rows:
-        if a.backend == BACKEND_PASSTHROUGH:
-            continue
-        d = a.detail or {}
-        parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
-        out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent,
-                               type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"), vm=a.vm_name,
-                               backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name))
-    return out
+    return placed(store.live_rows(s, svc.host_id(s)) if rows is None else rows)
 
 
 def place(svc: Context, type_name: str, vm: str | None = None, policy: Policy | None = None,

@@ -85,6 +85,9 @@ class Context:
         from vgpumgr.discovery.mdev import TypeCache
 
         self._type_cache = TypeCache(None)  # static type facts, kept in memory for the service's life
+        from vgpumgr.fleet.publish import Publisher
+
+        self.fleet = Publisher(self)  # this host's capacity for the fleet, published with each change
         with self.tx() as s:
             self._host_id = store.upsert_host(s, self.hostname).id
         self._snap_lock = threading.Lock()
@@ -110,6 +113,8 @@ class Context:
 
     def event(self, s: Session, action: str, outcome: str = OK, *, actor: str | None = None, **kw: Any) -> None:
         audit.record(s, actor=actor or self.cfg.actor, action=action, outcome=outcome, host=self.hostname, **kw)
+        if self.fleet.wanted:  # every change audits itself: its capacity goes out in the same transaction
+            self.fleet.publish(s)
 
     def record_failure(self, action: str, error: BaseException, *, actor: str | None = None, **kw: Any) -> None:
         with self.tx() as s:
@@ -186,11 +191,13 @@ class Context:
     def invalidate(self) -> None:
         with self._snap_lock:
             self._snapshot = None
+        self.fleet.mark_all()
 
     def touch(self, gpu: str | None, parent: str) -> None:
         """Our own change: re-read that GPU's parents (availability moves across all VFs of a GPU)."""
         with self._snap_lock:
             self._dirty_gpus.add(gpu or parent)
+        self.fleet.mark(gpu)
 
     def _merge_nvml(self, inv: Inventory) -> None:
         try:

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy.orm import Session, object_session
 
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.db.models import LicenceLease, Vm
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+from vgpumgr.placement import Allocation as PlacedAlloc
 
 _LOOK_UP = object()
+
+
+def placed(rows: Iterable[Any]) -> list[PlacedAlloc]:
+    """Live allocation rows (`store.live_rows`) as placement reads them: the vGPUs, not whole GPUs."""
+    out = []
+    for a in rows:
+        if a.backend == BACKEND_PASSTHROUGH:
+            continue
+        d = a.detail or {}
+        parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
+        out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent, type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"),
+                               vm=a.vm_name, backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name))
+    return out
 
 
 def allocation_dict(a: AllocRow, s: Session | None = None, vm_name: str | None | object = _LOOK_UP

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""The fleet at scale: 10, 100 and 1,000 simulated hosts x 8 GPUs publishing into one PostgreSQL (started and
+thrown away by this script), four real services beside them; how long `fleet place`, `fleet capacity --type`
+and a host's publishing per change take, and how each grows with the hosts.
+
+The simulated hosts are rows written by a load generator through vgpumgr's own publishing code
+(vgpumgr.fleet.store, the statements a host runs): each is one of three real simulated boards (8 x T4 on mdev,
+8 x L40S on vendor VFs, 8 x A100 in MIG mode), its capacity computed once by vgpumgr.fleet.capacity from that
+board's simulated host and then filled to a random level per GPU by the equal-size rule; 1 % are cordoned and
+2 % stale. While the figures are taken a second process keeps publishing changes of random simulated hosts
+(`--churn`, default 20 per second, a heartbeat every 30 s from 1,000 hosts is 33 per second), and the four real
+services (`python -m api.server`, tests/fleethosts.py) beat every 2 s.
+
+- place: `Service.fleet_place` (the reads and the pure placer, what `vgpumgr fleet place` and
+  GET /v1/fleet/place run), over random types and both policies; and the same through one service's REST socket.
+- capacity: `Service.fleet_capacity(type)` over random types.
+- publishing: on the host's own path, an in-process Service on a simulated 8 x T4 host in the same database does
+  allocate+release pairs; the time inside the publisher per change (the re-read of the touched GPU it triggers
+  is placement's anyway), and the pair with publishing on and off, interleaved.
+Targets (issue 21): place p99 <= 50 ms, capacity --type p99 <= 100 ms, publishing <= 5 ms per change.
+
+    .venv/bin/python scripts/bench_fleet.py [--scales 10,100,1000] [--queries 200] [--pairs 100] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+TARGETS = {"place_p99_ms": 50.0, "capacity_p99_ms": 100.0, "publish_ms_per_change": 5.0}
+BOARDS = (("t4", None), ("l40s-vfio", 16), ("a100-mig", 8))
+TYPES = ("T4-4Q", "T4-2B", "T4-16Q", "L40S-4Q", "L40S-12Q", "L40S-48Q", "A100D-1-10C", "A100D-3-40C")
+
+
+def templates(tmp: Path) -> dict[str, list[Any]]:
+    """Each board's 8 GPUs as vgpumgr publishes them, empty."""
+    from vgpumgr.config import Config
+    from vgpumgr.fleet.capacity import host_capacity
+    from vgpumgr.inventory import scan
+    from vgpumgr.nvml_facts import merge_nvml
+    from vgpumgr.placement import Placer
+    from vgpumgr.sim import profiles
+
+    out = {}
+    for board, vfs in BOARDS:
+        root = profiles.create(tmp / f"template-{board}", board, scale=8, vfs=vfs)
+        cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / f"template-{board}-state"))
+        inv = scan(cfg.host)
+        merge_nvml(cfg, inv.gpus, quiet=True)
+        out[board] = host_capacity(Placer(inv), [])
+    return out
+
+
+def occupy(gpu: Any, rng: random.Random) -> Any:
+    """The GPU with a random number of vGPUs of one random size (NVIDIA's equal-size rule)."""
+    sizes = sorted({t.framebuffer_mb for t in gpu.types if t.max})
+    if not sizes or rng.random() < 0.3:
+        return gpu
+    size = rng.choice(sizes)
+    limit = min(t.max for t in gpu.types if t.framebuffer_mb == size)
+    used = rng.randint(0, limit)
+    if used == 0:
+        return gpu
+    first = next(t.type for t in gpu.types if t.framebuffer_mb == size)
+    types = tuple(replace(t, free=(max(0, min(t.free, t.max - used)) if t.framebuffer_mb == size else 0),
+                          used=used if t.type == first else 0) for t in gpu.types)
+    return replace(gpu, vgpus=used, types=types)
+
+
+def publish_host(s: Any, name: str, gpus: list[Any], first: bool) -> int:
+    from vgpumgr.db import store as db_store
+    from vgpumgr.fleet import writes
+
+    host_id = db_store.upsert_host(s, name).id
+    writes.write_gpus(s, host_id, gpus, prune_types=first)
+    writes.write_host(s, host_id, writes.HostFacts(f"https://{name}:8470", f"qemu+ssh://{name}/system",
+                                                 "580.159.04", "bench", 30.0, 90.0), len(gpus),
+                     sum(g.vgpus for g in gpus))
+    return host_id
+
+
+def grow(url: str, tpl: dict[str, list[Any]], start: int, stop: int, seed: int = 7) -> None:
+    """Simulated hosts start..stop-1, each in one transaction, as a host publishes itself."""
+    from sqlalchemy import text
+
+    from vgpumgr.db.session import session_factory
+
+    rng = random.Random(seed + start)
+    sessions = session_factory(url)
+    boards = [b for b, _ in BOARDS]
+    for i in range(start, stop):
+        board = boards[i % len(boards)]
+        with sessions.begin() as s:
+            host_id = publish_host(s, f"sim-{i:04d}", [occupy(g, rng) for g in tpl[board]], first=True)
+            if i % 100 == 37:  # 1 % cordoned
+                s.execute(text("INSERT INTO host_cordons (host_id, reason, cordoned_by, cordoned_at) "
+                               "VALUES (:h, 'bench', 'bench', now())"), {"h": host_id})
+            if i % 50 == 11:  # 2 % stale: a host that stopped beating an hour ago
+                s.execute(text("UPDATE fleet_hosts SET heartbeat_at = now() - interval '1 hour' WHERE host_id = :h"),
+                          {"h": host_id})
+
+
+def churn(url: str, hosts: int, rate: float, boards: str) -> None:
+    """`--churn`: publish a change of a random simulated host `rate` times a second until killed (`boards`: the
+    parent's board templates, pickled)."""
+    import pickle
+
+    from vgpumgr.db.session import session_factory
+
+    tpl = pickle.loads(Path(boards).read_bytes())
+    rng = random.Random(11)
+    sessions = session_factory(url)
+    names = [b for b, _ in BOARDS]
+    while True:
+        t0 = time.monotonic()
+        i = rng.randrange(hosts)
+        if i % 50 != 11:
+            gpu = occupy(rng.choice(tpl[names[i % len(names)]]), rng)
+            with sessions.begin() as s:
+                publish_host(s, f"sim-{i:04d}", [gpu], first=False)
+        time.sleep(max(0.0, 1 / rate - (time.monotonic() - t0)))
+
+
+def quantiles(ms: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(ms, n=100) if len(ms) > 1 else ms * 99
+    return {"p50": statistics.median(ms), "p99": q[98], "max": max(ms), "n": len(ms)}
+
+
+def timed(fn: Any, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
+    """Publishing on a host's own path: time inside the publisher per change, and pairs with it on and off."""
+    from vgpumgr.fleet import publish as pub
+
+    spent: list[float] = []
+    inner = pub.Publisher.publish
+
+    def measured(self: Any, *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return inner(self, *a, **k)
+        finally:
+            spent.append((time.perf_counter() - t) * 1000)
+
+    on, off = [], []
+    pub.Publisher.publish = measured  # type: ignore[method-assign]
+    try:
+        for block in range(pairs // 10):
+            for svc, sink in ((svc_on, on), (svc_off, off)) if block % 2 else ((svc_off, off), (svc_on, on)):
+                for _ in range(10):
+                    t = time.perf_counter()
+                    svc.release(svc.allocate("T4-4Q")["uuid"])
+                    sink.append((time.perf_counter() - t) * 1000)
+    finally:
+        pub.Publisher.publish = inner  # type: ignore[method-assign]
+    return {"publish_ms": quantiles(spent), "publish_mean_ms": statistics.fmean(spent),
+            "pair_ms_on": statistics.median(on), "pair_ms_off": statistics.median(off),
+            "added_ms_per_change": (statistics.median(on) - statistics.median(off)) / 2}
+
+
+def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services: int) -> dict[str, Any]:
+    from fleethosts import Fleet
+    from pg import PgServer
+
+    from api import tokens
+    from vgpumgr.config import Config
+    from vgpumgr.db.session import dispose_engines, upgrade
+    from vgpumgr.fleet.place import FleetRequest
+    from vgpumgr.service import Service
+    from vgpumgr.sim import profiles
+
+    pg = PgServer().start()
+    fleet = churner = None
+    tmp_dir = tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None, prefix="vgpumgr-bench-fleet-")
+    tmp = Path(tmp_dir)
+    results = []
+    try:
+        url = pg.create_database("fleet")
+        upgrade(url)
+        tpl = templates(tmp)
+        import pickle
+
+        boards = tmp / "boards.pickle"
+        boards.write_bytes(pickle.dumps(tpl))
+        os.environ.update(VGPUMGR_HOSTNAME="bench-reader", VGPUMGR_FLEET_PUBLISH="0")
+        reader = Service(Config.resolve(sysfs_root=str(profiles.create(tmp / "reader", "t4")),
+                                        state_dir=str(tmp / "reader-state"), db=url), licence_mode="off")
+        os.environ.update(VGPUMGR_HOSTNAME="bench-host-off")
+        host_off = Service(Config.resolve(sysfs_root=str(profiles.create(tmp / "host-off", "t4", scale=8)),
+                                          state_dir=str(tmp / "host-off-state"), db=url), licence_mode="off")
+        os.environ.update(VGPUMGR_HOSTNAME="bench-host", VGPUMGR_FLEET_PUBLISH="1")
+        host_on = Service(Config.resolve(sysfs_root=str(profiles.create(tmp / "host-on", "t4", scale=8)),
+                                         state_dir=str(tmp / "host-on-state"), db=url), licence_mode="off")
+        host_on.publish_fleet()
+        for svc in (host_on, host_off):
+            for _ in range(10):  # warm caches
+                svc.release(svc.allocate("T4-4Q")["uuid"])
+        token = tokens.create_token(reader.cfg, "bench-fleet", "admin")
+        fleet = Fleet(tmp / "services", url, token, heartbeat_s=2.0)
+        for i, (board, vfs) in enumerate((("t4", None), ("l40s-vfio", 8), ("mixed", 4), ("a100-mig", 4))[:services]):
+            fleet.add(f"svc-{i}-{board}", board, vfs=vfs)
+        fleet.wait_ready()
+        import gc
+
+        gc.collect()
+        gc.freeze()  # as `vgpumgr serve` does once it has started (api/server.py): this process reads as it would
+        rest = next(iter(fleet.hosts.values()))
+        rest.post("/v1/vgpus", {"type": "T4-4Q", "vm": "bench-mover"})
+        rng = random.Random(3)
+        have = 0
+        for n in scales:
+            grow(url, tpl, have, n)
+            have = n
+            if churner is not None:
+                churner.terminate()
+                churner.wait()
+            churner = subprocess.Popen([sys.executable, __file__, "--churn", url, "--churn-hosts", str(n),
+                                        "--churn-rate", str(churn_rate), "--churn-boards", str(boards)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
+
+            def place(i: int) -> None:
+                reader.fleet_place(FleetRequest(rng.choice(TYPES), strategy="spread" if i % 2 else "pack"))
+
+            def capacity(_: int) -> None:
+                reader.fleet_capacity(rng.choice(TYPES))
+
+            def rest_place(i: int) -> None:
+                r = client.get("/v1/fleet/place", params={"type": rng.choice(TYPES),
+                                                          "policy": "spread" if i % 2 else "pack"})
+                assert r.status_code == 200, r.text
+
+            def migrate(_: int) -> None:
+                reader.fleet_place(FleetRequest("T4-4Q", vm="bench-mover"))
+
+            place(0), capacity(0)  # warm
+            with rest.client() as client:  # one client, as a scheduler keeps its connection
+                rest_place(0)
+                rest_ms = quantiles(timed(rest_place, max(10, queries // 4)))
+            row = {"hosts": n + services + 1, "simulated_hosts": n, "real_services": services,
+                   "place_ms": quantiles(timed(place, queries)),
+                   "capacity_ms": quantiles(timed(capacity, queries)),
+                   "rest_place_ms": rest_ms,
+                   "migrating_place_ms": quantiles(timed(migrate, max(10, queries // 10)))}
+            with reader.reads() as s:
+                from sqlalchemy import text
+
+                row["gpu_rows"] = s.execute(text("SELECT count(*) FROM fleet_gpus")).scalar()
+                row["capacity_rows"] = s.execute(text("SELECT count(*) FROM fleet_capacity")).scalar()
+            row.update(host_path(host_on, host_off, pairs))
+            results.append(row)
+            print(f"  {n} simulated hosts: place p99 {row['place_ms']['p99']:.1f} ms, capacity p99 "
+                  f"{row['capacity_ms']['p99']:.1f} ms, publish mean {row['publish_mean_ms']:.2f} ms",
+                  file=sys.stderr)
+    finally:
+        if churner is not None:
+            churner.terminate()
+            churner.wait()
+        if fleet is not None:
+            fleet.stop()
+        dispose_engines()
+        pg.stop()
+        import shutil
+
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return {"scales": results, "targets": TARGETS, "churn_per_s": churn_rate, "gpus_per_host": 8,
+            "boards": [b for b, _ in BOARDS], "types": list(TYPES)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scales", default="10,100,1000", help="simulated hosts, comma-separated, growing")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--pairs", type=int, default=100, help="allocate+release pairs per scale on the host's path")
+    ap.add_argument("--churn-rate", type=float, default=20.0, help="changes published per second meanwhile")
+    ap.add_argument("--services", type=int, default=4, help="real services beside the simulated hosts")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--churn", metavar="URL", help=argparse.SUPPRESS)
+    ap.add_argument("--churn-hosts", type=int, default=10, help=argparse.SUPPRESS)
+    ap.add_argument("--churn-boards", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.churn:
+        churn(a.churn, a.churn_hosts, a.churn_rate, a.churn_boards)
+        return 0
+    r = run([int(x) for x in a.scales.split(",")], a.queries, a.pairs, a.churn_rate, a.services)
+    if a.json:
+        print(json.dumps(r))
+        return 0
+    print(f"hosts: simulated (8 GPUs each: {', '.join(r['boards'])}) + {a.services} real services + 1 host-path "
+          f"service, one PostgreSQL; {r['churn_per_s']:g} changes/s published meanwhile")
+    head = ["hosts", "GPU rows", "type rows", "place p50/p99", "REST place p99", "migrating p99",
+            "capacity p50/p99", "publish mean/p99", "pair on/off"]
+    rows = [[str(s["hosts"]), str(s["gpu_rows"]), str(s["capacity_rows"]),
+             f"{s['place_ms']['p50']:.1f}/{s['place_ms']['p99']:.1f} ms", f"{s['rest_place_ms']['p99']:.1f} ms",
+             f"{s['migrating_place_ms']['p99']:.1f} ms",
+             f"{s['capacity_ms']['p50']:.1f}/{s['capacity_ms']['p99']:.1f} ms",
+             f"{s['publish_mean_ms']:.2f}/{s['publish_ms']['p99']:.2f} ms",
+             f"{s['pair_ms_on']:.1f}/{s['pair_ms_off']:.1f} ms"] for s in r["scales"]]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    for line in [head, *rows]:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+    last = r["scales"][-1]
+    t = r["targets"]
+    for what, value, target in (("place p99", last["place_ms"]["p99"], t["place_p99_ms"]),
+                                ("capacity --type p99", last["capacity_ms"]["p99"], t["capacity_p99_ms"]),
+                                ("publishing per change (mean)", last["publish_mean_ms"], t["publish_ms_per_change"])):
+        print(f"{what} at {last['hosts']} hosts: {value:.2f} ms (target <= {target:g} ms: "
+              f"{'met' if value <= target else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

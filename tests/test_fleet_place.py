@@ -1,0 +1,111 @@
+"""The fleet's placer as the pure function it is: hosts and one type's published rows in, a ranked choice and a
+reason for every other host out."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpumgr import compat
+from vgpumgr.errors import InvalidInput
+from vgpumgr.fleet.place import FleetRequest, Migrating, place, with_gpus
+from vgpumgr.fleet.store import GpuOffer, HostRow, OfferGroup
+
+L40S, H100_PCIE = ("NVIDIA L40S", "26b9"), ("NVIDIA H100 PCIe", "2331")
+
+
+def host(i: int, name: str, *, age: float = 1.0, window: float = 90.0, cordoned: bool = False,
+         driver: str = "580.95.02", reason: str | None = None) -> HostRow:
+    return HostRow(i, name, f"https://{name}:8470", f"qemu+ssh://{name}/system", driver, "0.1.0", 30.0, window,
+                   1.7e9, age, 1, 8, 0, cordoned, reason, "admin" if cordoned else None)
+
+
+def group(i: int, free_per_gpu: list[int], board: tuple[str, str] = L40S, name: str = "NVIDIA L40S-4Q"
+          ) -> OfferGroup:
+    return OfferGroup(i, board[0], board[1], name, len(free_per_gpu), sum(1 for f in free_per_gpu if f > 0),
+                      sum(free_per_gpu), 0)
+
+
+def why(d) -> dict[str, tuple[str, str]]:  # noqa: ANN001
+    return {r.host: (r.code, r.reason) for r in d.rejected}
+
+
+def test_every_host_that_is_not_chosen_gets_its_reason() -> None:
+    hosts = [host(1, "a"), host(2, "b", age=400), host(3, "c", cordoned=True, reason="BIOS update"), host(4, "d"),
+             host(5, "e"), host(6, "f")]
+    groups = [group(1, [2, 0]), group(2, [5]), group(3, [5]), group(5, [0, 0, 0]), group(6, [3], board=H100_PCIE)]
+    d = place(hosts, groups, FleetRequest("L40S-4Q", deny_models=("NVIDIA H100 PCIe",)))
+    assert d.choice.host == "a" and d.choice.free == 2 and d.choice.free_gpus == 1
+    assert why(d) == {
+        "b": ("stale", "stale: last heartbeat 400 s ago, its window is 90 s"),
+        "c": ("cordoned", "cordoned (BIOS update)"),
+        "d": ("not-offered", "offers no L40S-4Q (no GPU of a model that has it)"),
+        "e": ("no-capacity", "no capacity: 0 free L40S-4Q on its 3 GPU(s)"),
+        "f": ("model-denied", "model NVIDIA H100 PCIe denied by the policy"),
+    }
+    assert d.considered == 6 and "b: stale" in d.summary()
+
+
+def test_pack_fills_the_fullest_host_and_spread_the_emptiest() -> None:
+    hosts = [host(1, "a"), host(2, "b"), host(3, "c")]
+    groups = [group(1, [4, 4]), group(2, [1]), group(3, [2, 2])]
+    assert [c.host for c in place(hosts, groups, FleetRequest("L40S-4Q")).ranked] == ["b", "c", "a"]
+    assert [c.host for c in place(hosts, groups, FleetRequest("L40S-4Q", strategy="spread")).ranked] == \
+        ["a", "c", "b"]
+    tied = [group(1, [2]), group(2, [2])]
+    assert place(hosts[:2], tied, FleetRequest("L40S-4Q")).choice.host == "a"  # then by name
+
+
+def test_count_needs_that_many_gpus_for_nvidia_and_instances_otherwise() -> None:
+    hosts = [host(1, "a"), host(2, "b")]
+    d = place(hosts, [group(1, [9]), group(2, [1, 1])], FleetRequest("L40S-4Q", count=2))
+    assert d.choice.host == "b"
+    assert why(d)["a"] == ("no-capacity", "no capacity: 9 free on 1 GPU(s), 2 GPUs with a free L40S-4Q (one vGPU of"
+                                          " a GPU per VM) needed")
+    gvt = [OfferGroup(1, "UHD 630", "3e92", "i915-GVTg_V5_4", 1, 1, 3, 1)]
+    d = place(hosts[:1], gvt, FleetRequest("i915-GVTg_V5_4", count=2))
+    assert d.choice.host == "a"
+    d = with_gpus(d, [GpuOffer(1, "0000:00:02.0", "UHD 630", "3e92", "i915-GVTg_V5_4", 3)], {1: "a"})
+    assert d.choice.gpus == ("0000:00:02.0", "0000:00:02.0")
+
+
+def test_with_gpus_names_the_gpus_in_the_policys_order_and_only_usable_boards() -> None:
+    hosts = [host(1, "a")]
+    groups = [group(1, [1, 3]), group(1, [5], board=H100_PCIE, name="NVIDIA H100-4Q")]
+    rows = [GpuOffer(1, "0000:01:00.0", *L40S, "NVIDIA L40S-4Q", 1), GpuOffer(1, "0000:02:00.0", *L40S,
+                                                                              "NVIDIA L40S-4Q", 3),
+            GpuOffer(1, "0000:03:00.0", *H100_PCIE, "NVIDIA H100-4Q", 5)]
+    d = place(hosts, groups, FleetRequest("L40S-4Q", deny_models=("2331",), count=2))
+    assert with_gpus(d, rows, {1: "a"}).choice.gpus == ("0000:01:00.0", "0000:02:00.0")
+    d = place(hosts, groups, FleetRequest("L40S-4Q", allow_models=("L40S",), strategy="spread"))
+    assert with_gpus(d, rows, {1: "a"}).choice.gpus == ("0000:02:00.0",)
+
+
+def test_a_migrating_vm_needs_its_board_and_its_vgpu_manager() -> None:
+    vgpu = compat.MigratingVgpu("NVIDIA L40S-4Q", device_id="26b9", gpu_name="NVIDIA L40S", host_driver="580.95.02")
+    moving = Migrating("web1", "src", (vgpu,))
+    hosts = [host(1, "src"), host(2, "old", driver="570.124.03"), host(3, "h100"), host(4, "good")]
+    groups = [group(1, [3]), group(2, [3]), group(3, [3], board=H100_PCIE), group(4, [3])]
+    d = place(hosts, groups, FleetRequest("L40S-4Q", vm="web1"), moving)
+    assert d.choice.host == "good" and "same board and vGPU manager" in d.choice.why
+    w = why(d)
+    assert w["src"] == ("source", "VM web1 runs here now")
+    assert w["old"][0] == "incompatible" and "vGPU manager differs: 570.124.03 on old, 580.95.02 at the source" in \
+        w["old"][1]
+    assert w["h100"][0] == "incompatible" and "another board" in w["h100"][1]
+    assert d.as_dict()["migrating"] == {"vm": "web1", "from": "src"}
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"type": ""}, "is not a vGPU type"), ({"type": "L40S-4Q", "count": 0}, "count 0 is out of range"),
+    ({"type": "L40S-4Q", "count": 17}, "out of range"), ({"type": "L40S-4Q", "strategy": "random"}, "unknown"),
+    ({"type": "L40S-4Q", "vm": "../x"}, "not a usable VM name"),
+    ({"type": "L40S-4Q", "deny_models": (" ",)}, "not a model name")])
+def test_bad_requests_are_refused_with_what_to_do(kw: dict, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        FleetRequest(**kw)
+
+
+def test_no_host_at_all_is_a_decision_without_a_choice() -> None:
+    d = place([], [], FleetRequest("L40S-4Q"))
+    assert d.choice is None and d.summary() == "no host has published anything"
+    assert d.as_dict()["ranked"] == [] and d.as_dict()["request"]["type"] == "L40S-4Q"

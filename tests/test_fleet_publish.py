@@ -1,0 +1,163 @@
+"""What a host publishes and when: with every change in that change's own transaction (or not at all), on a
+heartbeat, never blocking a change it cannot compute, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from vgpumgr.config import Config
+from vgpumgr.errors import InvalidInput
+from vgpumgr.fleet import publish
+from vgpumgr.fleet.place import FleetRequest
+from vgpumgr.service import Service
+from vgpumgr.sim import profiles
+
+T4 = "0000:3b:00.0"
+
+
+def _service(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch, name: str, profile: str = "t4",
+             **kw: object) -> Service:
+    monkeypatch.setenv("VGPUMGR_HOSTNAME", name)
+    if "VGPUMGR_FLEET_PUBLISH" not in os.environ:
+        monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "1")  # every change, on SQLite too
+    root = profiles.create(tmp_path / f"sim-{name}", profile, **kw)
+    return Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / f"state-{name}"), db=db_url),
+                   licence_mode="off")
+
+
+def _row(svc: Service, gpu: str, short: str) -> tuple[int, int] | None:
+    with svc.reads() as s:
+        r = s.execute(text("SELECT c.free, c.used FROM fleet_capacity c JOIN hosts h ON h.id = c.host_id "
+                           "WHERE h.name = :h AND c.gpu = :g AND c.short = :t"),
+                      {"h": svc.hostname, "g": gpu, "t": short}).first()
+    return tuple(r) if r else None
+
+
+def _generation(svc: Service) -> int | None:
+    with svc.reads() as s:
+        return s.execute(text("SELECT generation FROM fleet_hosts f JOIN hosts h ON h.id = f.host_id "
+                              "WHERE h.name = :h"), {"h": svc.hostname}).scalar()
+
+
+def test_each_change_publishes_its_gpu_in_its_own_transaction(tmp_path: Path, fresh_db_url: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-a", scale=2)
+    assert _row(svc, T4, "T4-4Q") is None  # nothing published before the first change or heartbeat
+    a = svc.allocate("T4-4Q", vm="web1")
+    assert _row(svc, T4, "T4-4Q") == (3, 1) and _row(svc, T4, "T4-8Q") == (0, 0)
+    assert _row(svc, "0000:3d:00.0", "T4-4Q") is None  # only the touched GPU: the other waits for a heartbeat
+    generation = _generation(svc)
+    svc.release(a["uuid"])
+    assert _row(svc, T4, "T4-4Q") == (4, 0) and _generation(svc) == generation + 1
+    # the rows commit with the change's audit event, or not at all
+    svc.allocate("T4-4Q", vm="web2")
+    with pytest.raises(RuntimeError), svc.tx() as s:
+        svc.touch(T4, T4)
+        svc.host.write(svc.host.mdev_type(T4, "nvidia-232") / "create", "0f3c1e56-2b9e-4d67-9a8f-5a1c2b3d4e5f")
+        svc.invalidate()
+        svc.event(s, "test.change")
+        assert svc.fleet._written  # written in the transaction...
+        raise RuntimeError("the change fails after its event")
+    assert _row(svc, T4, "T4-4Q") == (3, 1)  # ...and rolled back with it
+    assert svc.fleet.wanted  # so the next publish writes it again
+    assert svc.publish_fleet()["gpus_written"] == 2
+    assert _row(svc, T4, "T4-4Q") == (2, 2) and _row(svc, "0000:3d:00.0", "T4-4Q") == (4, 0)
+
+
+def test_a_change_goes_on_when_its_capacity_cannot_be_computed(tmp_path: Path, fresh_db_url: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-b")
+    svc.publish_fleet()
+
+    def broken(*_: object, **__: object) -> None:
+        raise ValueError("no capacity today")
+
+    monkeypatch.setattr(publish, "host_capacity", broken)
+    made = svc.allocate("T4-4Q", vm="web1")
+    assert made["state"] == "active" and _row(svc, T4, "T4-4Q") == (4, 0)  # the old rows stay...
+    monkeypatch.undo()
+    assert svc.fleet.wanted  # ...and the whole host is published with the next change
+    svc.release(made["uuid"])
+    assert _row(svc, T4, "T4-4Q") == (4, 0) and _generation(svc) == 2
+
+
+def test_the_heartbeat_writes_only_what_changed_and_everything_every_tenth_time(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-c", scale=3)
+    assert svc.publish_fleet(heartbeat=True)["gpus_written"] == 3  # the first beat: everything
+    written = [svc.publish_fleet(heartbeat=True)["gpus_written"] for _ in range(9)]
+    assert written == [0] * 9
+    assert svc.publish_fleet(heartbeat=True)["gpus_written"] == 3  # the tenth after the first
+    from vgpumgr.backends import mdev as mdev_backend
+
+    mdev_backend.create(svc.host, T4, "nvidia-232", None)  # behind vgpumgr's back
+    assert svc.publish_fleet(heartbeat=True)["gpus_written"] == 1 and _row(svc, T4, "T4-4Q") == (3, 1)
+    hosts = svc.fleet_hosts()
+    assert [h["host"] for h in hosts] == ["pub-c"] and hosts[0]["gpus"] == 3 and hosts[0]["vgpus"] == 1
+    assert hosts[0]["generation"] == 12 and not hosts[0]["stale"]
+
+
+def test_publishing_off_and_bad_settings(tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "0")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-d")
+    svc.allocate("T4-4Q")
+    assert svc.publish_fleet()["gpus_written"] == 0 and svc.fleet_hosts() == []
+    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "1")
+    monkeypatch.setenv("VGPUMGR_FLEET_STALE_FACTOR", "0.5")
+    with pytest.raises(InvalidInput, match="VGPUMGR_FLEET_STALE_FACTOR"):
+        _service(tmp_path, fresh_db_url, monkeypatch, "pub-e")
+    monkeypatch.setenv("VGPUMGR_FLEET_STALE_FACTOR", "4")
+    monkeypatch.setenv("VGPUMGR_FLEET_HEARTBEAT", "-1")
+    with pytest.raises(InvalidInput, match="VGPUMGR_FLEET_HEARTBEAT"):
+        _service(tmp_path, fresh_db_url, monkeypatch, "pub-f")
+    monkeypatch.setenv("VGPUMGR_FLEET_HEARTBEAT", "10")
+    monkeypatch.setenv("VGPUMGR_MIGRATION_URI", "qemu+tls://gpu-g.example/system")
+    g = _service(tmp_path, fresh_db_url, monkeypatch, "pub-g")
+    g.publish_fleet()
+    (h,) = g.fleet_hosts()
+    assert (h["heartbeat_s"], h["stale_after_s"], h["migration_uri"]) == (10.0, 40.0, "qemu+tls://gpu-g.example/system")
+
+
+def test_a_host_that_stops_beating_goes_stale_and_is_not_chosen(tmp_path: Path, fresh_db_url: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VGPUMGR_FLEET_HEARTBEAT", "0.2")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-h")
+    svc.publish_fleet()
+    assert svc.fleet_place(FleetRequest("T4-4Q")).choice.host == "pub-h"
+    import time
+
+    time.sleep(0.8)  # past 0.2 s x 3
+    d = svc.fleet_place(FleetRequest("T4-4Q"))
+    assert d.choice is None and d.rejected[0].code == "stale"
+    svc.publish_fleet()
+    assert svc.fleet_place(FleetRequest("T4-4Q")).choice.host == "pub-h"
+
+
+def test_mig_and_vendor_vf_gpus_publish_their_mode_and_driver(tmp_path: Path, fresh_db_url: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-i", "mixed", vfs=4)
+    svc.publish_fleet()
+    gpus = {g["address"]: g for g in svc.fleet_gpus()}
+    assert {a: g["mode"] for a, g in gpus.items()} == {"0000:00:02.0": "mdev", T4: "mdev",
+                                                       "0000:3d:00.0": "nvidia-vf", "0000:65:00.0": "mig"}
+    assert gpus["0000:3d:00.0"]["driver_version"] == "580.159.04" and gpus["0000:00:02.0"]["driver_version"] is None
+    svc.allocate_mig("1g.10gb", vm="ml1")  # a GPU instance made and bound: published with the change
+    mig = {g["type"]: g for g in svc.fleet_gpus(type_name="A100D-1-10C")}
+    assert mig["GRID A100D-1-10C"]["used"] == 1 and mig["GRID A100D-1-10C"]["free"] == 3  # 4 VFs: one per vGPU
+
+
+def test_each_change_publishes_by_default_on_postgresql_and_only_the_heartbeat_on_sqlite(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-j")
+    svc.publish_fleet()
+    svc.allocate("T4-4Q", vm="web1")
+    shared = fresh_db_url.startswith("postgresql")
+    assert svc.fleet.per_change is shared
+    assert _row(svc, T4, "T4-4Q") == ((3, 1) if shared else (4, 0))
+    svc.publish_fleet()
+    assert _row(svc, T4, "T4-4Q") == (3, 1)

@@ -1,0 +1,190 @@
+"""The fleet's use cases: publish this host now, list what the hosts published, and choose a host.
+
+Reads are a few indexed queries over the published rows (vgpumgr.fleet.store); the choice is the pure
+vgpumgr.fleet.place. Nothing here allocates: the chosen host's own service does, and its placement decides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpumgr import compat, ids
+from vgpumgr.db.models import FleetGpu
+from vgpumgr.errors import Busy, InvalidInput, NotFound
+from vgpumgr.fleet import place as fleet_place
+from vgpumgr.fleet import store, writes
+from vgpumgr.ops.context import Context
+
+HEARTBEAT_LOCK_WAIT_S = 5.0
+SHOW_GPUS_OF = 5  # ranked hosts whose GPUs a decision names
+NVIDIA = "10de"
+
+
+def publish(svc: Context, *, heartbeat: bool = False) -> dict[str, Any]:
+    """Re-read this host and publish all of it (the heartbeat, `vgpumgr fleet publish`). Under the host lock, so
+    no change of this host lands between the reading and the writing; when the lock stays taken (a long
+    operation), only the heartbeat's time stamp is written."""
+    try:
+        with svc.locked(timeout=HEARTBEAT_LOCK_WAIT_S):
+            svc.snapshot(refresh=True)
+            with svc.tx() as s:
+                n = svc.fleet.publish(s, full=True, heartbeat=heartbeat)
+    except Busy:
+        with svc.tx() as s:
+            writes.beat(s, svc.host_id(s))
+        return {"host": svc.hostname, "gpus_written": 0, "busy": True, "ms": 0.0}
+    return {"host": svc.hostname, "gpus_written": n, "busy": False, "ms": round(svc.fleet.last_ms, 3)}
+
+
+def _host_dict(h: store.HostRow) -> dict[str, Any]:
+    return {"host": h.name, "endpoint": h.endpoint, "migration_uri": h.migration_uri,
+            "driver_version": h.driver_version, "vgpumgr_version": h.version, "gpus": h.gpus, "vgpus": h.vgpus,
+            "heartbeat_at": h.heartbeat_at, "heartbeat_age_s": round(h.age_s, 3),
+            "heartbeat_s": h.heartbeat_s, "stale_after_s": h.stale_after_s, "stale": h.stale,
+            "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "generation": h.generation}
+
+
+def hosts(svc: Context) -> list[dict[str, Any]]:
+    """Every host that published, with its heartbeat's age, whether it is stale, and its cordon."""
+    with svc.reads() as s:
+        return [_host_dict(h) for h in store.hosts(s)]
+
+
+def _host_ids(s: Any, host: str | None) -> tuple[list[store.HostRow], list[int] | None]:
+    rows = store.hosts(s)
+    if host is None:
+        return rows, None
+    name = ids.host_name(host)
+    found = [h for h in rows if h.name == name]
+    if not found:
+        raise NotFound(f"host {name} has published nothing",
+                       hint="`vgpumgr fleet hosts` lists the hosts that did; a host publishes while `vgpumgr serve` "
+                            "runs there")
+    return found, [found[0].host_id]
+
+
+def gpus(svc: Context, host: str | None = None, type_name: str | None = None) -> list[dict[str, Any]]:
+    """The published GPUs (of one host), with their free instances of `type_name` when given."""
+    with svc.reads() as s:
+        rows, host_ids = _host_ids(s, host)
+        names = {h.host_id: h for h in rows}
+        offered = {(o.host_id, o.gpu): o for o in store.offers(s, type_name, host_ids)} if type_name else None
+        out = []
+        for g, types, open_types, _free in store.gpus(s, host_ids):
+            h = names.get(g.host_id)
+            if h is None or (offered is not None and (g.host_id, g.address) not in offered):
+                continue
+            d = {"host": h.name, "address": g.address, "model": g.model, "pci_id": f"{g.vendor_id}:{g.device_id}",
+                 "subsystem_id": f"{g.subsystem_vendor_id}:{g.subsystem_device_id}" if g.subsystem_device_id
+                 else None, "driver": g.driver, "driver_version": h.driver_version if g.vendor_id == NVIDIA else None,
+                 "mode": g.mode, "numa_node": g.numa_node, "vgpus": g.vgpus, "types": types,
+                 "types_free": open_types, "stale": h.stale, "cordoned": h.cordoned}
+            if offered is not None:
+                o = offered[(g.host_id, g.address)]
+                d.update(type=o.name, free=o.free, used=o.used, max=o.max)
+            out.append(d)
+        return out
+
+
+def capacity(svc: Context, type_name: str | None = None) -> dict[str, Any]:
+    """Without a type: per type, the hosts and GPUs offering it and their free and used instances. With one:
+    per host, its free and used instances of that type, and which hosts are stale or cordoned."""
+    with svc.reads() as s:
+        if type_name is None:
+            return {"types": store.capacity_by_type(s)}
+        rows = {h.host_id: h for h in store.hosts(s)}
+        per_host = store.capacity_by_host(s, type_name)
+    out = []
+    for host_id, _name, n, n_open, free, used, most in per_host:
+        h = rows.get(host_id)
+        if h is None:
+            continue
+        out.append({"host": h.name, "gpus": n, "gpus_free": n_open, "free": free, "used": used, "max": most,
+                    "stale": h.stale, "cordoned": h.cordoned, "placeable": not (h.stale or h.cordoned) and free > 0})
+    out.sort(key=lambda r: r["host"])
+    name = per_host[0][1] if per_host else type_name
+    return {"type": name, "hosts": out, "free": sum(r["free"] for r in out if not (r["stale"] or r["cordoned"])),
+            "free_including_unplaceable": sum(r["free"] for r in out)}
+
+
+def grid(svc: Context, type_name: str | None = None, state: str | None = None, page: int = 1,
+         per_page: int = 50) -> dict[str, Any]:
+    """The fleet page: hosts (filtered by state: ok, stale, cordoned) x their GPUs, each GPU with the types in use
+    (used and free slots) and the wanted type's slots; one page of hosts at a time."""
+    if state not in (None, "ok", "stale", "cordoned"):
+        raise InvalidInput(f"'{state}' is not a host state", hint="use ok, stale or cordoned")
+    with svc.reads() as s:
+        rows = store.hosts(s)
+        unplaceable = {h.host_id for h in rows if h.stale or h.cordoned}
+        counts = {"hosts": len(rows), "ok": sum(1 for h in rows if not (h.stale or h.cordoned)),
+                  "stale": sum(1 for h in rows if h.stale), "cordoned": sum(1 for h in rows if h.cordoned and
+                                                                         not h.stale),
+                  "gpus": sum(h.gpus for h in rows), "vgpus": sum(h.vgpus for h in rows)}
+        if type_name:
+            offering = {g.host_id for g in store.offer_groups(s, type_name)}
+            rows = [h for h in rows if h.host_id in offering]
+        if state:
+            rows = [h for h in rows if _state(h) == state]
+        pages = max(1, -(-len(rows) // per_page))
+        page = min(max(1, page), pages)
+        shown = rows[(page - 1) * per_page:page * per_page]
+        ids_ = [h.host_id for h in shown]
+        gpus_of: dict[int, list[dict[str, Any]]] = {}
+        for g, types, open_types, _free in store.gpus(s, ids_):
+            gpus_of.setdefault(g.host_id, []).append({
+                "address": g.address, "model": g.model, "mode": g.mode, "numa_node": g.numa_node, "vgpus": g.vgpus,
+                "types": types, "types_free": open_types, "slots": []})
+        by_gpu = {(h, g["address"]): g for h, gs in gpus_of.items() for g in gs}
+        wanted = store.type_match(type_name) if type_name else None
+        for r in store.slot_rows(s, ids_, type_name):
+            g = by_gpu.get((r.host_id, r.gpu))
+            if g is not None:
+                g["slots"].append({"type": r.short, "used": r.used, "free": r.free, "max": r.max,
+                                   "wanted": r.short == wanted})
+        placeable = None
+        if type_name:
+            placeable = sum(r[4] for r in store.capacity_by_host(s, type_name) if r[0] not in unplaceable)
+    hosts_out = [{**_host_dict(h), "state": _state(h), "gpu_list": gpus_of.get(h.host_id, [])} for h in shown]
+    return {"hosts": hosts_out, "counts": counts, "page": page, "pages": pages, "type": wanted,
+            "state": state, "placeable_free": placeable, "matching": len(rows)}
+
+
+def _state(h: store.HostRow) -> str:
+    return "stale" if h.stale else "cordoned" if h.cordoned else "ok"
+
+
+def place(svc: Context, request: fleet_place.FleetRequest) -> fleet_place.FleetDecision:
+    """Which host should take `request`, and why every other host should not. Changes nothing."""
+    with svc.reads() as s:
+        rows = store.hosts(s)
+        if not rows:
+            raise NotFound("no host has published its capacity yet",
+                           hint="hosts publish while `vgpumgr serve` runs there with VGPUMGR_DB naming this database")
+        migrating = _migrating(s, request, rows) if request.vm else None
+        d = fleet_place.place(rows, store.offer_groups(s, request.type), request, migrating)
+        first = {h.name: h.host_id for h in rows if any(c.host == h.name for c in d.ranked[:SHOW_GPUS_OF])}
+        gpus = store.open_gpus(s, request.type, list(first.values()))
+    return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
+
+
+def _migrating(s: Any, request: fleet_place.FleetRequest, rows: list[store.HostRow]) -> fleet_place.Migrating | None:
+    """A VM whose vGPUs some host records is a VM to move: NVIDIA's rules then compare its GPUs' boards and its
+    host's vGPU manager with each candidate's."""
+    assert request.vm is not None
+    found = store.vm_vgpus(s, request.vm)
+    if not found:
+        return None
+    home = found[0].host
+    mine = [v for v in found if v.host == home]
+    if not any(compat.same_type(v.type_name or "", request.type) for v in mine):
+        held = ", ".join(sorted({v.type_name or "?" for v in mine}))
+        raise InvalidInput(f"VM {request.vm} on {home} has no {request.type} vGPU (it has {held})",
+                           hint="a VM keeps its vGPU type when it migrates: ask for the type it has")
+    source = next((h for h in rows if h.name == home), None)
+    boards = {g.address: g for g in s.query(FleetGpu).filter(FleetGpu.host_id == mine[0].host_id)}
+    vgpus = tuple(compat.MigratingVgpu(v.type_name or request.type,
+                                       device_id=boards[v.gpu].device_id if v.gpu in boards else None,
+                                       gpu_name=boards[v.gpu].model if v.gpu in boards else None,
+                                       host_driver=source.driver_version if source else None)
+                  for v in mine if compat.same_type(v.type_name or "", request.type))
+    return fleet_place.Migrating(request.vm, home, vgpus)
