@@ -19,11 +19,9 @@ vgpumgr.sim.nvml), which a real NVML answers from the driver: the sampling figur
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from api import tokens  # noqa: E402
 from vgpumgr.config import Config  # noqa: E402
+from vgpumgr.remote import UnixHTTPConnection  # noqa: E402
 from vgpumgr.service import Service  # noqa: E402
 from vgpumgr.sim import guests, profiles  # noqa: E402
 from vgpumgr.telemetry.sampler import Sampler, interval_seconds  # noqa: E402
@@ -45,16 +44,6 @@ TARGET_CPU_PCT, TARGET_P99_MS = 2.0, 50.0
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
-
-
-class Unix(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=30)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
 
 
 def build(tmp: Path) -> tuple[Service, Path]:
@@ -115,7 +104,7 @@ def main() -> int:
         lat = []
         size = 0
         for n in range(a.scrapes + 5):
-            c = Unix(str(sock))
+            c = UnixHTTPConnection(str(sock))
             s0 = time.perf_counter()
             c.request("GET", "/metrics")
             body = c.getresponse().read()

@@ -7,10 +7,8 @@ is the simulator's, which clears every mdev and every VF's current_vgpu_type.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from vgpumgr.errors import Busy, Conflict
 from vgpumgr.host import Host
 from vgpumgr.ops.allocate import Owner
 from vgpumgr.placement import Policy
+from vgpumgr.remote import UnixHTTPConnection
 from vgpumgr.service import Service
 from vgpumgr.sim.reboot import reboot as sim_reboot
 
@@ -147,18 +146,8 @@ def test_reconnect_never_fails(server: Server, tmp_path: Path) -> None:
 
 
 # -- ownership guards -----------------------------------------------------------------------------------
-class _Unix(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=30)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.unix_path)
-
-
 def rest(server: Server, method: str, path: str) -> tuple[int, dict[str, Any]]:
-    conn = _Unix(str(server.sock))
+    conn = UnixHTTPConnection(str(server.sock))
     try:
         conn.request(method, path, headers={"Authorization": f"Bearer {server.token}"})
         resp = conn.getresponse()

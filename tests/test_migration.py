@@ -17,7 +17,7 @@ from migration_hosts import SimHost, sim_hosts
 
 from vgpumgr import domain, migration
 from vgpumgr.errors import Conflict, NoCapacity
-from vgpumgr.remote import Remote
+from vgpumgr.remote import Remote, UnixHTTPConnection
 from vgpumgr.sim import guests
 from vgpumgr.sim.libvirtd import FAIL_ENV
 from vgpumgr.sim.nvml import write_state
@@ -276,20 +276,12 @@ def test_a_destination_without_a_free_seat_refuses(tmp_path: Path) -> None:
 
 
 def test_rest_migrates_and_offline_moves_a_shut_off_vm(pair: list[SimHost]) -> None:
-    import http.client
-    import socket
-
     a, b = pair
     a.svc.create_vm("rest1", vgpus=["T4-2Q"], start=True)
     a.svc.create_vm("cold1", vgpus=["T4-2Q"])  # defined, shut off
 
-    class Conn(http.client.HTTPConnection):
-        def connect(self) -> None:
-            self.sock = socket.socket(socket.AF_UNIX)
-            self.sock.connect(str(a.server.sock))
-
     def post(path: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
-        c = Conn("localhost", timeout=120)
+        c = UnixHTTPConnection(str(a.server.sock), timeout=120)
         c.request("POST", path, json.dumps(body), {"Authorization": f"Bearer {a.operator_token}",
                                                    "Content-Type": "application/json"})
         r = c.getresponse()

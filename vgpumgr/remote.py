@@ -18,15 +18,17 @@ _BY_STATUS: dict[int, type[VgpuError]] = {400: InvalidInput, 401: PermissionDeni
                                           404: NotFound, 409: Conflict, 422: InvalidInput, 423: Busy, 503: Unavailable}
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket (a vgpumgr service's /run/vgpumgr/api.sock)."""
+
+    def __init__(self, path: str, timeout: float = 30.0) -> None:
         super().__init__("localhost", timeout=timeout)
-        self.path = path
+        self.unix_path = path
 
     def connect(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
-        s.connect(self.path)
+        s.connect(self.unix_path)
         self.sock = s
 
 
@@ -38,7 +40,7 @@ class Remote:
                                     "with --to-token-file or VGPUMGR_TO_TOKEN")
         self.url, self.token, self.timeout = url, token.strip(), timeout
         if url.startswith("unix:"):
-            self._connect = lambda: _UnixConnection(url[5:], timeout)
+            self._connect = lambda: UnixHTTPConnection(url[5:], timeout)
         else:
             parts = urllib.parse.urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
