@@ -8,7 +8,16 @@ from typing import TextIO
 
 from vgpumgr import ids
 from vgpumgr.cli.devices import config
+from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput, NotFound
+
+
+def simulated_config(args: argparse.Namespace, command: str) -> Config:
+    cfg = config(args)
+    if not cfg.host.simulated:
+        raise InvalidInput(f"`sim {command}` only works on a simulated root",
+                           hint="pass --sysfs-root DIR of a simulated host")
+    return cfg
 
 
 def create(args: argparse.Namespace, out: TextIO) -> int:
@@ -24,10 +33,7 @@ def hold(args: argparse.Namespace, out: TextIO) -> int:
     """Make a fake process in the simulated /proc hold a device's /dev/vfio group open."""
     from vgpumgr.discovery.fs import link_name
 
-    cfg = config(args)
-    if not cfg.host.simulated:
-        raise InvalidInput("`sim hold` only works on a simulated root",
-                           hint="pass --sysfs-root DIR of a simulated host")
+    cfg = simulated_config(args, "hold")
     target = args.target
     path = cfg.host.mdev(target) if not ids.is_pci_address(target) else cfg.host.pci(target)
     if not path.exists():
@@ -45,10 +51,7 @@ def hold(args: argparse.Namespace, out: TextIO) -> int:
 def reboot(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.sim.reboot import reboot as sim_reboot
 
-    cfg = config(args)
-    if not cfg.host.simulated:
-        raise InvalidInput("`sim reboot` only works on a simulated root",
-                           hint="pass --sysfs-root DIR of a simulated host")
+    cfg = simulated_config(args, "reboot")
     lost = sim_reboot(cfg.host.root)
     if args.json:
         from vgpumgr.cli.output import dump_json
@@ -76,10 +79,7 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
     """`vgpumgr sim guest start|stop|load|licence|list`: the simulated NVML's running vGPUs."""
     from vgpumgr.sim import guests
 
-    cfg = config(args)
-    if not cfg.host.simulated:
-        raise InvalidInput("`sim guest` only works on a simulated root",
-                           hint="pass --sysfs-root DIR of a simulated host")
+    cfg = simulated_config(args, "guest")
     root = cfg.host.root
     try:
         if args.action == "list":
