@@ -331,3 +331,39 @@ def test_drain_cordons_and_moves_each_vm_to_the_first_host_that_can_take_it(tmp_
         assert sorted(d for d, st in a.domains().items() if st == "running") == [stayed["vm"]]
         assert b.domains()[res["moved"][0]["vm"]] == "running" and "idle" in a.domains()
         assert c.live() == []
+
+
+def test_drain_without_destinations_asks_the_fleet_for_each_vm(tmp_path: Path, pg_server: object) -> None:
+    url = pg_server.create_database()  # type: ignore[attr-defined]
+    # the services' own heartbeats stay off: each host publishes here, at its simulated libvirtd's URI
+    with sim_hosts(tmp_path, "mixed", "mixed", "mixed", db=url, env_extra={"VGPUMGR_FLEET_PUBLISH": "0"}) as hosts:
+        a, b, c = hosts
+        for vm in ("d1", "d2"):
+            a.svc.create_vm(vm, vgpus=["T4-4Q"], start=True)
+        for n in range(3):
+            b.svc.allocate("T4-4Q", vm=f"filler{n}")  # host-b has room for one more T4-4Q
+        c.svc.cordon_host(reason="fan")
+        for h in hosts:
+            h.svc.fleet.migration_uri = h.uri
+            h.svc.publish_fleet()
+        res = a.svc.drain_host(None)
+        assert [(m["vm"], m["to"]) for m in res["moved"]] == [("d1", b.uri)]
+        [stayed] = res["stayed"]
+        # the fleet passed over the cordoned host-c; host-b's own placement refused the VM its published
+        # counts (written before d1 arrived) still offered
+        assert stayed["vm"] == "d2" and "cordoned" in stayed["reasons"]["host-c"]
+        assert "T4-4Q" in stayed["reasons"][b.uri]
+        assert b.domains()["d1"] == "running" and a.domains()["d2"] == "running"
+        assert [x["state"] for x in b.live("d1")] == ["active"] and c.live() == []
+
+
+def test_drain_with_no_destination_and_no_fleet_says_what_to_give(pair: list[SimHost],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from simhost import run as cli
+
+    a, _ = pair
+    monkeypatch.setenv("VGPUMGR_HOSTNAME", a.name)  # its own database: only host-a itself has published there
+    rc, out, err = cli("--sysfs-root", str(a.server.root), "--state-dir", str(a.server.cfg.state_dir),
+                       "--connect", a.server.cfg.libvirt_uri, "host", "drain")
+    assert rc == 2 and "no destination to drain to" in err and "--to URI" in err
+    assert not a.svc.host_status()["cordoned"]  # refused before the cordon

@@ -22,8 +22,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--json", action="store_true")
     p = cmd(host, ("host", "drain"), "vgpumgr.cli.migrate:drain",
             "cordon this host and live-migrate every running vGPU VM away, one at a time")
-    p.add_argument("--to", action="append", default=[], metavar="URI", required=True,
-                   help="a destination's libvirt URI; repeat it: each VM goes to the first that can take it")
+    p.add_argument("--to", action="append", default=[], metavar="URI",
+                   help="a destination's libvirt URI; repeat it: each VM goes to the first that can take it "
+                        "(none: the fleet chooses for each VM, as `fleet place --vm` does)")
     p.add_argument("--to-api", action="append", default=[], metavar="URL",
                    help="the vgpumgr service of the --to of the same position, for its preflight")
     p.add_argument("--to-token-file", action="append", default=[], metavar="FILE",

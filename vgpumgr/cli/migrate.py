@@ -97,7 +97,7 @@ def drain(args: argparse.Namespace, out: TextIO) -> int:
                            hint="each token file belongs to the --to-api of the same position")
     dests = [(uri, _remote(args, args.to_api[n], files[n] if len(files) > 1 else (files[0] if files else None))
               if n < len(args.to_api) else None) for n, uri in enumerate(args.to)]
-    res = service(args).drain_host(dests, reason=args.reason,
+    res = service(args).drain_host(dests or None, reason=args.reason,
                                    say=None if args.json else lambda line: sys.stderr.write(line + "\n"))
     if args.json:
         dump_json(out, res)
