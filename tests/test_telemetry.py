@@ -157,6 +157,36 @@ def test_top_once_json_matches_metrics(busy: tuple[Service, Path, dict[str, Any]
     assert rc == 0 and text.splitlines()[0].split()[:3] == ["VM", "TYPE", "GPU"] and "licensed" in text
 
 
+def test_sim_guest_cli_starts_loads_lists_and_stops_a_guest(tmp_path: Path) -> None:
+    svc, root = host(tmp_path)
+    svc.create_vm("web", vgpus=["L40S-4Q"])
+    [a] = svc.allocations(vm="web", live=True)
+    ref = a["uuid"] or a["pci_address"]
+    args = ("--sysfs-root", str(root), "--state-dir", str(svc.cfg.state_dir), "--connect", "test:///default")
+    rc, out, _ = run(*args, "sim", "guest", "list")
+    assert rc == 0 and out.startswith("no simulated guest runs")
+    rc, out, err = run(*args, "sim", "guest", "start", ref)  # the VM from the vGPU's record
+    assert rc == 0, err
+    rc, _, _ = run(*args, "sim", "guest", "load", ref, "--load", "sm=40", "--fb-used-mb", "300")
+    assert rc == 0
+    rc, out, _ = run(*args, "sim", "guest", "list", "--json")
+    [g] = json.loads(out)
+    assert (g["mdev_uuid"] or g["vf"], g["vm_name"], g["load"], g["fb_used_mb"]) == (ref, "web", {"sm": 40.0}, 300)
+    assert [i["vm_name"] for i in guests.running(root)] == ["web"]  # what NVML now reports
+    rc, out, _ = run(*args, "sim", "guest", "list")
+    assert out.splitlines()[0].split() == ["ID", "GPU", "VGPU", "VM", "LOAD"] and "sm=40" in out
+    rc, _, err = run(*args, "sim", "guest", "load", ref, "--load", "sm=lots")
+    assert rc == 2 and "'sm=lots' is not ENGINE=PERCENT" in err
+    rc, _, err = run(*args, "sim", "guest", "start", ref)
+    assert rc == 2 and "already runs" in err
+    rc, _, _ = run(*args, "sim", "guest", "stop", ref)
+    assert rc == 0 and guests.running(root) == []
+    (tmp_path / "real").mkdir()  # a tree that is no simulated host
+    rc, _, err = run("--sysfs-root", str(tmp_path / "real"), "--state-dir", str(tmp_path / "s2"),
+                     "--connect", "test:///default", "sim", "guest", "list")
+    assert rc != 0 and "only works on a simulated root" in err
+
+
 def test_licence_check_finds_each_seeded_drift_and_nothing_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                 ) -> None:
     svc, root = host(tmp_path)

@@ -108,9 +108,13 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
 
         dump_json(out, res)
     elif args.action == "list":
-        for g in res:  # type: ignore[attr-defined]
-            out.write(f"{g['id']}  {g['gpu']}  {g['mdev_uuid'] or g['vf']}  VM {g['vm_name'] or g['vm_uuid']}  "
-                      f"load {g.get('load') or {}}\n")
+        from vgpumgr.cli.output import table
+
+        table(out, ("ID", "GPU", "VGPU", "VM", "LOAD"),
+              [(g["id"], g["gpu"], g["mdev_uuid"] or g["vf"], g["vm_name"] or g["vm_uuid"],
+                " ".join(f"{k}={v:g}" for k, v in (g.get("load") or {}).items()) or "-")
+               for g in res],  # type: ignore[attr-defined]
+              empty="no simulated guest runs (`vgpumgr sim guest start UUID|BDF` starts one)")
     else:
         out.write(f"guest {args.action}: {args.ref}\n")
     return 0
