@@ -12,7 +12,7 @@ from vgpumgr.config import Config
 from vgpumgr.fleet import capacity
 from vgpumgr.model import BACKEND_NVIDIA_VF
 from vgpumgr.ops.allocate import live_records
-from vgpumgr.placement import Allocation, Policy, Request
+from vgpumgr.placement import Allocation, Policy, Request, mig_profile_for
 from vgpumgr.service import Service
 from vgpumgr.sim import profiles
 
@@ -65,8 +65,8 @@ def test_free_counts_equal_repeated_placement(tmp_path: Path, profile: str, monk
         if t is None:
             continue
         for vm in ("a", "b")[:t.free]:
-            if capacity.mig_profile_for(t.name):
-                svc.allocate_mig(capacity.mig_profile_for(t.name), vm=f"{vm}-{g.address[5:7]}")
+            if mig_profile_for(t.name):
+                svc.allocate_mig(mig_profile_for(t.name), vm=f"{vm}-{g.address[5:7]}")
             else:
                 svc.allocate(t.type, vm=f"{vm}-{g.address[5:7]}", policy=Policy(pin_gpu=g.address))
     after = capacity.host_capacity(svc.snapshot(refresh=True).placer, live_records_of(svc))

@@ -16,7 +16,7 @@ from lxml import etree
 from migration_hosts import SimHost, sim_hosts
 
 from vgpumgr import domain, migration
-from vgpumgr.errors import Conflict, NoCapacity
+from vgpumgr.errors import Conflict, InvalidInput, NoCapacity
 from vgpumgr.remote import Remote, UnixHTTPConnection
 from vgpumgr.sim import guests
 from vgpumgr.sim.libvirtd import FAIL_ENV
@@ -219,6 +219,22 @@ def test_a_host_without_room_says_so_in_the_hooks_words(pair: list[SimHost]) -> 
     assert r.returncode == 1 and "T4-16Q" in r.stderr and not r.stdout
     with pytest.raises(NoCapacity):
         b.svc.libvirt_migrate("nope", xml)
+
+
+def test_a_device_made_here_by_someone_else_is_left_as_it_is(pair: list[SimHost]) -> None:
+    """An incoming hostdev without vgpumgr's record: one that exists here (made beforehand, as Nova and KubeVirt
+    do) passes unchanged; one that does not is refused with what is missing. Nothing is reserved either way."""
+    from vgpumgr.backends import mdev as mdev_backend
+
+    _, b = pair
+    made = "9d2e8a44-5b1c-4d7e-8f00-0000000000aa"
+    mdev_backend.create(b.svc.host, T4, "nvidia-230", made)
+    res = b.svc.libvirt_migrate("theirs", _xml("theirs", domain.Hostdev("mdev", uuid=made), None))
+    assert res["xml"] is None and res["vgpus"] == [] and b.live() == []
+    missing = "9d2e8a44-5b1c-4d7e-8f00-0000000000bb"
+    with pytest.raises(InvalidInput, match="carries no vgpumgr record"):
+        b.svc.libvirt_migrate("theirs", _xml("theirs", domain.Hostdev("mdev", uuid=missing), None))
+    assert b.live() == [] and not b.svc.host.mdev(missing).exists()
 
 
 def test_the_persistent_definition_is_pointed_at_the_destinations_vgpus() -> None:

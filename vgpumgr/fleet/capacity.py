@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Gpu
-from vgpumgr.placement import Allocation, Placer, _info_from_allocation, mig_profile_for
+from vgpumgr.placement import Allocation, Placer, _info_from_allocation
 
 MODE_MIG = "mig"
 MODE_VENDOR_VF = "nvidia-vf"
@@ -79,7 +79,7 @@ def free_gpu_instances(gpus: Iterable[Gpu], records: Sequence[Allocation]) -> di
             continue
         names = [str(gi.get("profile")) for gi in m.get("gpu_instances") or []]
         for a in records:
-            p = mig_profile_for(a.name or "")
+            p = a.parsed.mig_profile if a.parsed else None
             if a.gpu == g.address and p in names:
                 names.remove(p)
         out[g.address] = names

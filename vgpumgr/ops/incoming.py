@@ -27,6 +27,7 @@ from sqlalchemy import select
 
 from vgpumgr import ids, licensing, migration
 from vgpumgr import nvml_migration as nvmig
+from vgpumgr.backends import nvidia_vf
 from vgpumgr.config import env_seconds
 from vgpumgr.db import store
 from vgpumgr.db.models import ALLOC_RESERVED, LIVE_STATES, utcnow
@@ -182,8 +183,9 @@ def _here_already(svc: Context, domain: str, v: migration.IncomingVgpu) -> bool:
     except NotFound:
         if v.type_name or v.record.get("type"):
             return False  # a vgpumgr vGPU from elsewhere: it gets its own here (a new UUID where this one is taken)
-        inv = svc.snapshot(refresh=True).inventory
-        return any(m.uuid == v.ref for m in inv.mdevs) or any(x.address == v.ref for x in inv.vf_vgpus)
+        if v.kind == BACKEND_MDEV:  # the kernel's own answer, without re-reading the host
+            return svc.host.mdev(v.ref).exists()
+        return nvidia_vf.current(svc.host, v.ref) != 0  # a VF that holds a vGPU type
     return rec["vm"] == domain
 
 
