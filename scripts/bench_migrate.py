@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchkit import REPO, clean_env, pct, service
+
 sys.path.insert(0, str(REPO))
 
 from lxml import etree  # noqa: E402
@@ -38,11 +38,6 @@ from vgpumgr.sim import profiles  # noqa: E402
 
 HOOK = REPO / "scripts/hooks/libvirt-qemu"
 TARGET_MS = 150.0
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def incoming_xml(name: str, count: int) -> str:
@@ -63,62 +58,50 @@ def hook(env: dict[str, str], name: str, op: str, sub: str, xml: str) -> tuple[f
     return took, r.stdout
 
 
+def measure(runs: int, henv: dict[str, str]) -> dict[str, object]:
+    results = {}
+    for count in (1, 4):
+        total, begin, prepare = [], [], []
+        for n in range(runs + 2):  # two warm-up rounds, not counted
+            name = f"in{count}-{n}"
+            xml = incoming_xml(name, count)
+            t1, out = hook(henv, name, "migrate", "begin", xml)
+            t2, _ = hook(henv, name, "prepare", "begin", out or xml)
+            hook(henv, name, "release", "end", out or xml)
+            if n >= 2:
+                total.append(t1 + t2)
+                begin.append(t1)
+                prepare.append(t2)
+        results[str(count)] = {"p50_ms": pct(total, 0.5), "p95_ms": pct(total, 0.95),
+                               "migrate_begin_p50_ms": pct(begin, 0.5), "prepare_begin_p50_ms": pct(prepare, 0.5)}
+    return {"runs": runs, "target_p95_ms": TARGET_MS, "vgpus": results}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vgpumgr-bench-migrate-"))
-    sock_dir = Path(tempfile.mkdtemp(prefix="vgm-"))
-    server = None
     try:
         root = profiles.create(tmp / "sim", "t4", scale=4)
         cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect="test:///default")
         token = tokens.create_token(cfg, "hook", "hook")
-        sock = sock_dir / "api.sock"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
-        server = subprocess.Popen([sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
-                                   "--state-dir", str(cfg.state_dir), "--connect", "test:///default"], cwd=REPO,
-                                  env={**env, "VGPUMGR_LICENCE_MODE": "off"}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.05)
-        henv = {**env, "VGPUMGR_SOCKET": str(sock), "VGPUMGR_TOKEN": token, "VGPUMGR_RELEASE_GRACE": "0"}
-        results = {}
-        for count in (1, 4):
-            total, begin, prepare = [], [], []
-            for n in range(a.runs + 2):  # two warm-up rounds, not counted
-                name = f"in{count}-{n}"
-                xml = incoming_xml(name, count)
-                t1, out = hook(henv, name, "migrate", "begin", xml)
-                t2, _ = hook(henv, name, "prepare", "begin", out or xml)
-                hook(henv, name, "release", "end", out or xml)
-                if n >= 2:
-                    total.append(t1 + t2)
-                    begin.append(t1)
-                    prepare.append(t2)
-            results[str(count)] = {"p50_ms": pct(total, 0.5), "p95_ms": pct(total, 0.95),
-                                   "migrate_begin_p50_ms": pct(begin, 0.5), "prepare_begin_p50_ms": pct(prepare, 0.5)}
-        out = {"runs": a.runs, "target_p95_ms": TARGET_MS, "vgpus": results}
-        if a.json:
-            print(json.dumps(out))
-        else:
-            for count, r in results.items():
-                verdict = "met" if r["p95_ms"] <= TARGET_MS else "MISSED"
-                print(f"{count} vGPU(s): migrate begin + prepare begin p50 {r['p50_ms']:.0f} ms, p95 "
-                      f"{r['p95_ms']:.0f} ms (target p95 <= {TARGET_MS:.0f} ms: {verdict}); migrate begin alone "
-                      f"p50 {r['migrate_begin_p50_ms']:.0f} ms, prepare begin alone p50 "
-                      f"{r['prepare_begin_p50_ms']:.0f} ms")
-        return 0
+        with service(root, cfg.state_dir) as sock:
+            out = measure(a.runs, {**clean_env(), "VGPUMGR_SOCKET": str(sock), "VGPUMGR_TOKEN": token,
+                                   "VGPUMGR_RELEASE_GRACE": "0"})
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(sock_dir, ignore_errors=True)
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    for count, r in out["vgpus"].items():  # type: ignore[attr-defined]
+        verdict = "met" if r["p95_ms"] <= TARGET_MS else "MISSED"
+        print(f"{count} vGPU(s): migrate begin + prepare begin p50 {r['p50_ms']:.0f} ms, p95 "
+              f"{r['p95_ms']:.0f} ms (target p95 <= {TARGET_MS:.0f} ms: {verdict}); migrate begin alone "
+              f"p50 {r['migrate_begin_p50_ms']:.0f} ms, prepare begin alone p50 "
+              f"{r['prepare_begin_p50_ms']:.0f} ms")
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchkit import REPO, pct, service
+
 sys.path.insert(0, str(REPO))
 
 from api import tokens  # noqa: E402
@@ -39,11 +38,6 @@ from vgpumgr.sim import guests, profiles  # noqa: E402
 from vgpumgr.telemetry.sampler import Sampler, interval_seconds  # noqa: E402
 
 TARGET_CPU_PCT, TARGET_P99_MS = 2.0, 50.0
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def build(tmp: Path) -> tuple[Service, Path]:
@@ -74,8 +68,6 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vgpumgr-bench-telemetry-"))
-    sock_dir = Path(tempfile.mkdtemp(prefix="vgt-"))
-    server = None
     try:
         t0 = time.monotonic()
         svc, root = build(tmp)
@@ -89,30 +81,20 @@ def main() -> int:
             cpu.append(time.process_time() - c0)
         assert len(snap["vgpus"]) == 256, len(snap["vgpus"])
         per_sample = sorted(cpu)[len(cpu) // 2]
-        sock = sock_dir / "api.sock"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMGR_")}
-        server = subprocess.Popen([sys.executable, "-m", "api.server", "--uds", str(sock), "--sysfs-root", str(root),
-                                   "--state-dir", str(svc.cfg.state_dir), "--connect", "test:///default"], cwd=REPO,
-                                  env={**env, "VGPUMGR_LICENCE_MODE": "off"}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.05)
         tokens.create_token(svc.cfg, "bench", "auditor")
         lat = []
         size = 0
-        for n in range(a.scrapes + 5):
-            c = UnixHTTPConnection(str(sock))
-            s0 = time.perf_counter()
-            c.request("GET", "/metrics")
-            body = c.getresponse().read()
-            took = (time.perf_counter() - s0) * 1000
-            c.close()
-            if n >= 5:  # the first scrapes wait for the server's first sample
-                lat.append(took)
-                size = len(body)
+        with service(root, svc.cfg.state_dir) as sock:
+            for n in range(a.scrapes + 5):
+                c = UnixHTTPConnection(str(sock))
+                s0 = time.perf_counter()
+                c.request("GET", "/metrics")
+                body = c.getresponse().read()
+                took = (time.perf_counter() - s0) * 1000
+                c.close()
+                if n >= 5:  # the first scrapes wait for the server's first sample
+                    lat.append(took)
+                    size = len(body)
         out = {"vgpus": 256, "gpus": 8, "setup_s": round(setup_s, 1), "interval_s": sampler.interval,
                "sample_cpu_ms": per_sample * 1000, "cpu_pct_of_one_core": per_sample / sampler.interval * 100,
                "history_bytes": sampler.history.nbytes(), "scrape_p50_ms": pct(lat, 0.5),
@@ -128,11 +110,7 @@ def main() -> int:
                   f"(target p99 <= {TARGET_P99_MS:.0f} ms), {size / 1e3:.0f} kB")
         return 0
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
