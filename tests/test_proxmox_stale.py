@@ -141,6 +141,56 @@ def test_a_lost_post_stop_is_reported_and_fixed_with_its_seat(server: Server, qm
     assert reconcile(server)[0] == 0
     assert qm.hook(101, "post-stop").returncode == 0  # should it come after all: nothing left to do
 
+def test_a_lost_post_stop_of_a_legacy_mdev_card_frees_its_record_and_seat(server: Server, qm: QemuServer) -> None:
+    t4, uuid = "0000:3b:00.0", "00000000-0000-0000-0000-000000000104"
+    (qm.pve / "qemu-server/104.conf").write_text(f"name: vm104\nhostpci0: {t4},mdev=nvidia-232\n")
+    assert qm.start(104, [t4], "nvidia-232")
+    [rec] = records(server, "pve-104")
+    assert reconcile(server)[1]["stale_records"] == []  # its QEMU runs
+    qm.stop(104, legacy_uuid=uuid, post_stop=False)  # qemu-server removed the mdev; the post-stop never came
+
+    rc, r = reconcile(server)
+    assert rc == 10 and r["missing"] == []  # not "missing": its mdev must not be made again
+    [st] = r["stale_records"]
+    assert (st["vgpu"], st["vm"], st["kind"], st["backend"], st["id"]) == (uuid, "pve-104", "proxmox", "mdev",
+                                                                           rec["id"])
+    assert st["evidence"] == {"vmid": 104, "qemu": f"no QEMU pid file {qm.pidfile(104)}", "mdev": "gone"}
+    rc, text, _ = cli("reconcile", "--sysfs-root", str(server.root), "--state-dir", str(server.cfg.state_dir))
+    assert rc == 10 and f"  {uuid}  nvidia-232 for VM pve-104 (proxmox)\n" in text and "; mdev gone" in text
+
+    rc, r = reconcile(server, "--fix")
+    assert [(x["vgpu"], x["action"], x["licence_returned"]) for x in r["stale_records"]] == [(uuid, "released", "vWS")]
+    assert records(server, "pve-104") == [] and seats_used(server) == 0 and server.mdevs() == {}
+    assert qm.start(104, [t4], "nvidia-232")  # and the VM starts again as it always did
+    assert [a["uuid"] for a in records(server, "pve-104")] == [uuid]
+    qm.stop(104, legacy_uuid=uuid)
+
+
+def test_the_next_legacy_card_start_releases_what_a_lost_post_stop_left_on_a_full_gpu(
+        server: Server, qm: QemuServer) -> None:
+    t4, gone, new = "0000:3b:00.0", "00000000-0000-0000-0000-000000000106", "00000000-0000-0000-0000-000000000107"
+    for vmid in (106, 107):  # T4-16Q: the whole T4, one per GPU
+        (qm.pve / f"qemu-server/{vmid}.conf").write_text(f"name: vm{vmid}\nhostpci0: {t4},mdev=nvidia-234\n")
+    assert qm.start(106, [t4], "nvidia-234")
+    qm.stop(106, legacy_uuid=gone, post_stop=False)
+    assert qm.start(107, [t4], "nvidia-234")  # pre-start found the GPU full, released 106's record, went on
+    assert records(server, "pve-106") == [] and [a["uuid"] for a in records(server, "pve-107")] == [new]
+    assert seats_used(server) == 1
+    qm.stop(107, legacy_uuid=new)
+
+
+def test_a_legacy_mdev_that_is_still_there_or_still_used_is_never_released(server: Server, qm: QemuServer) -> None:
+    t4, uuid = "0000:3b:00.0", "00000000-0000-0000-0000-000000000105"
+    (qm.pve / "qemu-server/105.conf").write_text(f"name: vm105\nhostpci0: {t4},mdev=nvidia-232\n")
+    assert qm.start(105, [t4], "nvidia-232")
+    qm.exit_qemu(105)  # QEMU gone, but the mdev stays (no cleanup yet, or a start about to use it)
+    qm.pidfile(105).unlink(missing_ok=True)
+    rc, r = reconcile(server, "--fix")
+    assert r["stale_records"] == [] and [a["uuid"] for a in records(server, "pve-105")] == [uuid]
+    assert uuid in server.mdevs()
+    qm.stop(105, legacy_uuid=uuid)
+
+
 
 def test_a_service_restart_between_stop_and_post_stop(server: Server, qm: QemuServer) -> None:
     assert qm.start(101, [VF4], "nvidia-1148")

@@ -235,7 +235,9 @@ def _stale_line(out: TextIO, st: dict[str, Any]) -> None:
         why = st.get("why") or st.get("error")
         done = f" -> {st['action']}" + (f" ({why})" if why else "")
     out.write(f"  {st['vgpu']}  {st['type']} for VM {st['vm']} ({st['kind']}){done}\n")
-    if st["kind"] == "proxmox":
+    if st["kind"] == "proxmox" and "mdev" in ev:
+        out.write(f"    {ev.get('qemu')}; mdev {ev['mdev']} (qemu-server removes it when the VM stops)\n")
+    elif st["kind"] == "proxmox":
         out.write(f"    {ev.get('qemu')}; VF type {ev.get('vf_type')}; reservation: {ev.get('reservation') or 'none'}; "
                   f"held by: {', '.join(ev.get('holders') or []) or 'nobody'}\n")
     else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from vgpumgr import ids
-from vgpumgr.errors import Conflict, InvalidInput, NotFound, VgpuError
+from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
 from vgpumgr.model import BACKEND_NVIDIA_VF
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc
@@ -54,9 +54,19 @@ def ensure(svc: Context, *, uuid: str, type_name: str, vm: str, parent: str | No
         raise Conflict(f"mdev {uuid} exists but vgpumgr has no record of it",
                        hint="`vgpumgr reconcile` lists unknown devices; remove it or let vgpumgr adopt it", uuid=uuid)
     policy = Policy(pin_parent=parent) if parent else None
-    try:
+
+    def allocate() -> dict[str, Any]:
         return alloc.allocate(svc, type_name, vm=vm, uuid=uuid, policy=policy, idempotency_key=idempotency_key,
-                                actor=actor), True
+                              actor=actor)
+
+    try:
+        try:
+            return allocate(), True
+        except NoCapacity:
+            # a legacy Proxmox card's lost post-stop may be what fills the GPU: its record goes, then try again
+            if not (stale_ops.PVE_VM.match(vm) and stale_ops.release_stale_mdevs(svc, actor=actor)):
+                raise
+            return allocate(), True
     except Conflict:
         rec = _live(svc, uuid)  # a concurrent retry of the same request won the race
         if rec is not None and rec["vm"] == vm:

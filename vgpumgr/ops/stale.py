@@ -11,6 +11,9 @@ A record is stale only on the host's own evidence, and anything that cannot be r
   that qemu-server would honour names it (`PVE/QemuServer/PCI.pm` `reserve_pci_usage`: a `time:` entry not
   yet expired, or a `pid:` entry whose VM runs with that pid); no process holds its VFIO group or iommufd
   node open. Only local files are read, so the pre-start hook may ask.
+- **Proxmox, legacy mdev** (`hostpciN: <GPU>,mdev=<type>`, made by the hookscript's pre-start): no QEMU of the
+  VM runs (the same test) and the mdev is gone (qemu-server's cleanup removes it when the VM stops). A start
+  in progress is never caught: its pre-start makes the mdev under the host lock before the record is final.
 - **libvirt** (a VM whose domain libvirt knew: `vm create` or the libvirt hook's `prepare` noted its UUID):
   libvirt has no domain of that name or UUID, no domain names the device, and no process holds its VFIO
   group. libvirt is asked only by `reconcile`, never from inside a hook, at the service's start or under
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -48,14 +50,12 @@ from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX
 from vgpumgr.ops.context import OK, Context
 from vgpumgr.ops.records import allocation_dict
+from vgpumgr.pve_run import Reservation, qemu_running, reservations, reserving
 
 RELEASE_STALE = "vgpu.release-stale"
 RUN_DIR_ENV = "VGPUMGR_PVE_RUN_DIR"
 PROXMOX, LIBVIRT = "proxmox", "libvirt"
 PVE_VM = re.compile(r"^pve-([1-9][0-9]{0,8})$")  # the hookscript's name for VM <vmid>
-# qemu-server's reservation lines: "<id> <vmid> time:<epoch>" or "<id> <vmid> pid:<pid>" (PCI.pm)
-RESERVATION = re.compile(r"^((?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-9a-f])?)\s(\d+)\s(time|pid):(\d+)$")
-QEMU_BINARY = re.compile(r"(?:kvm$)|(?:(?:^|/)qemu-system-[^/]+$)")  # what vm_running_locally accepts
 
 
 # -- the evidence ------------------------------------------------------------------------------------
@@ -91,103 +91,6 @@ def pve_run_dir(svc: Context) -> Path:
     return Path(raw)
 
 
-def qemu_running(proc: Path, pidfile: Path) -> tuple[bool | None, str]:
-    """(runs, why) for the QEMU of a pid file: True, False, or None when it cannot be told."""
-    try:
-        text = pidfile.read_text()
-    except FileNotFoundError:
-        return False, f"no QEMU pid file {pidfile}"
-    except OSError as e:
-        return None, f"cannot read {pidfile}: {e.strerror}"
-    m = re.fullmatch(r"\s*(\d{1,10})\s*", text)
-    if not m:
-        return None, f"{pidfile} holds no pid ({text[:20]!r})"
-    pid = int(m[1])
-    try:
-        argv = [a.decode(errors="replace") for a in (proc / str(pid) / "cmdline").read_bytes().split(b"\0")]
-        stat = (proc / str(pid) / "stat").read_bytes()
-    except FileNotFoundError:
-        return False, f"pid {pid} of {pidfile} is gone"
-    except OSError as e:
-        return None, f"cannot read /proc/{pid}: {e.strerror}"
-    if not argv or not argv[0]:
-        return False, f"pid {pid} of {pidfile} has exited"  # a zombie or kernel thread has no command line
-    if not QEMU_BINARY.search(argv[0]):
-        return False, f"pid {pid} of {pidfile} is {os.path.basename(argv[0])!r}, not a QEMU (the pid was reused)"
-    named = _option(argv, "pidfile")
-    if named is None or not _same_file(named, pidfile):
-        return False, f"pid {pid} of {pidfile} is a QEMU with pid file {named or '(none)'} (the pid was reused)"
-    state = stat[stat.rfind(b")") + 2:][:1]
-    if state in (b"Z", b"X"):
-        return False, f"QEMU pid {pid} has exited"
-    return True, f"QEMU pid {pid} runs with {pidfile}"
-
-
-def _option(argv: list[str], name: str) -> str | None:
-    for i, a in enumerate(argv[1:-1], start=1):
-        if a in (f"-{name}", f"--{name}"):
-            return argv[i + 1]
-    return None
-
-
-def _same_file(a: str, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-@dataclass
-class Reservation:
-    device: str
-    vmid: int
-    kind: str
-    value: int
-
-    def __str__(self) -> str:
-        return f"{self.device} {self.vmid} {self.kind}:{self.value}"
-
-
-def reservations(run_dir: Path) -> list[Reservation] | None:
-    """qemu-server's PCI reservations; None when the file cannot be read (nothing may then count as free)."""
-    try:
-        lines = (run_dir / "pci-id-reservations").read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    except OSError:
-        return None
-    out = []
-    for line in lines:
-        m = RESERVATION.match(line.strip().lower())
-        if m:
-            device = m[1] if len(m[1]) > 7 else f"0000:{m[1]}"
-            out.append(Reservation(device, int(m[2]), m[3], int(m[4])))
-    return out
-
-
-def _reserving(vf: str, found: list[Reservation], proc: Path, run_dir: Path) -> Reservation | None:
-    """The reservation qemu-server would honour for `vf` (an entry without a function covers all of them)."""
-    now = time.time()
-    for r in found:
-        if r.device != vf and not ("." not in r.device and vf.startswith(r.device + ".")):
-            continue
-        if r.kind == "time" and r.value > now:
-            return r
-        if r.kind == "pid":
-            runs, _ = qemu_running(proc, run_dir / f"{r.vmid}.pid")
-            pid = _pid_in(run_dir / f"{r.vmid}.pid")
-            if runs is None or (runs and pid == r.value):
-                return r
-    return None
-
-
-def _pid_in(pidfile: Path) -> int | None:
-    try:
-        return int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def proxmox_evidence(svc: Context, vf: str, vmid: int, run_dir: Path,
                      found: list[Reservation] | None) -> tuple[bool, dict[str, Any]]:
     """(stale, evidence) for the record of VM `vmid` on `vf`, whose type Proxmox writes."""
@@ -201,12 +104,31 @@ def proxmox_evidence(svc: Context, vf: str, vmid: int, run_dir: Path,
     if found is None:
         ev["reservation"] = f"cannot read {run_dir / 'pci-id-reservations'}"
     else:
-        held_by = _reserving(vf, found, svc.host.proc, run_dir)
+        held_by = reserving(vf, found, svc.host.proc, run_dir)
         ev["reservation"] = str(held_by) if held_by else None
     free = runs is False and ev["vf_type"] == 0 and found is not None and ev["reservation"] is None
     # the /proc scan only when everything else says free: a running VM's record costs no scan
     ev["holders"] = nvidia_vf.holders(svc.host, vf) if free else []
     return free and not ev["holders"], ev
+
+
+def proxmox_mdev_evidence(svc: Context, uuid: str, vmid: int, run_dir: Path) -> tuple[bool, dict[str, Any]]:
+    """(stale, evidence) for the legacy mdev `uuid` of VM `vmid`, which qemu-server removes when the VM stops."""
+    ev: dict[str, Any] = {"vmid": vmid}
+    runs, ev["qemu"] = qemu_running(svc.host.proc, run_dir / f"{vmid}.pid")
+    ev["mdev"] = "present" if svc.host.mdev(uuid).exists() else "gone"
+    return runs is False and ev["mdev"] == "gone", ev
+
+
+def _judge_proxmox(svc: Context, c: Candidate, run_dir: Path, found: list[Reservation] | None) -> bool:
+    """Whether the Proxmox record `c` is stale now; its evidence is refreshed."""
+    m = PVE_VM.match(c.vm)
+    assert m is not None
+    if c.backend == BACKEND_MDEV:
+        stale, c.evidence = proxmox_mdev_evidence(svc, c.ref, int(m[1]), run_dir)
+    else:
+        stale, c.evidence = proxmox_evidence(svc, c.ref, int(m[1]), run_dir, found)
+    return stale
 
 
 def _holders(svc: Context, c: Candidate) -> list[str]:
@@ -235,6 +157,8 @@ def candidates(svc: Context, vfs: set[str] | None = None) -> list[Candidate]:
             if detail.get("kernel_owner") == KERNEL_OWNER_PROXMOX:
                 if row.pci_address and PVE_VM.match(name):
                     out.append(Candidate(row.id, ref, name, PROXMOX, row.backend, row.type_id, detail.get("gpu")))
+            elif PVE_VM.match(name) and row.backend == BACKEND_MDEV and row.uuid:
+                out.append(Candidate(row.id, ref, name, PROXMOX, row.backend, row.type_id, detail.get("gpu")))
             elif vm_uuid and not PVE_VM.match(name) and not detail.get("kernel_owner"):
                 out.append(Candidate(row.id, ref, name, LIBVIRT, row.backend, row.type_id, detail.get("gpu"),
                                      vm_uuid=vm_uuid, vm_seen=seen))
@@ -274,14 +198,7 @@ def _proxmox_stale(svc: Context, found: list[Candidate]) -> list[Candidate]:
         return []
     run_dir = pve_run_dir(svc)
     res = reservations(run_dir)
-    out = []
-    for c in wanted:
-        m = PVE_VM.match(c.vm)
-        assert m is not None
-        stale, c.evidence = proxmox_evidence(svc, c.ref, int(m[1]), run_dir, res)
-        if stale:
-            out.append(c)
-    return out
+    return [c for c in wanted if _judge_proxmox(svc, c, run_dir, res)]
 
 
 def find(svc: Context, *, libvirt: bool = True) -> tuple[list[Candidate], str | None]:
@@ -308,11 +225,9 @@ def _still_stale(svc: Context, c: Candidate) -> str | None:
         if c.kind == LIBVIRT and (vm.uuid != c.vm_uuid or vm.updated_at != c.vm_seen):
             return f"domain {c.vm} was prepared again since libvirt was asked"
     if c.kind == PROXMOX:
-        m = PVE_VM.match(c.vm)
-        assert m is not None
         run_dir = pve_run_dir(svc)
-        stale, c.evidence = proxmox_evidence(svc, c.ref, int(m[1]), run_dir, reservations(run_dir))
-        return None if stale else "the VM, its VF or Proxmox's reservations changed meanwhile"
+        stale = _judge_proxmox(svc, c, run_dir, reservations(run_dir))
+        return None if stale else "the VM, its device or Proxmox's reservations changed meanwhile"
     c.evidence["holders"] = _holders(svc, c)
     return None if not c.evidence["holders"] else f"held by {', '.join(c.evidence['holders'])}"
 
@@ -360,6 +275,13 @@ def release_stale_vfs(svc: Context, vfs: list[str], actor: str | None = None) ->
     return [release(svc, c, actor) for c in _proxmox_stale(svc, found)]
 
 
+def release_stale_mdevs(svc: Context, actor: str | None = None) -> int:
+    """Proxmox's pre-start of a legacy mdev card that found no room: release the legacy-mdev records that lost
+    post-stops left (local evidence only); how many went."""
+    found = [c for c in candidates(svc) if c.kind == PROXMOX and c.backend == BACKEND_MDEV]
+    return sum(release(svc, c, actor)["action"] == "released" for c in _proxmox_stale(svc, found))
+
+
 def note_domain(svc: Context, domain: str, xml: str) -> None:
     """Remember that libvirt has the domain (its UUID, and when it was last prepared) for a VM vgpumgr has
     records of: what makes its records judgeable once the domain is gone."""
@@ -376,4 +298,4 @@ def note_domain(svc: Context, domain: str, xml: str) -> None:
 
 
 __all__ = ["LIBVIRT", "PROXMOX", "RELEASE_STALE", "Candidate", "find", "note_domain", "qemu_running",
-           "release", "release_stale_vfs", "reservations", "sweep"]
+           "release", "release_stale_mdevs", "release_stale_vfs", "reservations", "sweep"]
