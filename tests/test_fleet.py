@@ -26,6 +26,8 @@ from vgpumgr.sim import profiles
 HEARTBEAT_S = 0.5
 WINDOW_S = HEARTBEAT_S * 3  # VGPUMGR_FLEET_STALE_FACTOR's default
 T4, L40S_MIXED = "0000:3b:00.0", "0000:3d:00.0"
+SEED = (("gpu-t4", "t4-a", "T4-4Q"), ("gpu-t4", "t4-b", "T4-4Q"), ("gpu-l40s-a", "web1", "L40S-4Q"),
+        ("gpu-l40s-old", "old-a", "L40S-4Q"), ("gpu-mixed", "mx-a", "T4-4Q"))
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,9 @@ def fleet(pg_server: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     f.add("gpu-mixed", "mixed", vfs=4)
     try:
         f.wait_ready()
+        for host, vm, vtype in SEED:  # what every test starts from (a test run alone too)
+            r = f.hosts[host].post("/v1/vgpus", {"type": vtype, "vm": vm})
+            assert r.status_code == 201, r.text
         yield f
     finally:
         f.stop()
@@ -80,12 +85,7 @@ def test_every_host_publishes_its_gpus_with_their_facts(fleet: Fleet) -> None:
 
 
 def test_capacity_follows_the_allocations_on_each_host(fleet: Fleet) -> None:
-    h = fleet.hosts
-    for host, vm, vtype in (("gpu-t4", "t4-a", "T4-4Q"), ("gpu-t4", "t4-b", "T4-4Q"),
-                            ("gpu-l40s-a", "web1", "L40S-4Q"), ("gpu-l40s-old", "old-a", "L40S-4Q"),
-                            ("gpu-mixed", "mx-a", "T4-4Q")):
-        r = h[host].post("/v1/vgpus", {"type": vtype, "vm": vm})
-        assert r.status_code == 201, r.text
+    h = fleet.hosts  # the fixture's SEED allocations
     # published in the allocation's own transaction (tests/test_fleet_publish.py): no heartbeat to wait for
     t4 = {r["host"]: r for r in h["gpu-l40s-old"].get("/v1/fleet/capacity", type="T4-4Q")["hosts"]}
     assert (t4["gpu-t4"]["free"], t4["gpu-t4"]["used"]) == (2, 2)

@@ -353,16 +353,26 @@ class NvmlLayer:
         if getattr(exc, "value", None) == _GPU_IS_LOST:
             raise _GpuLost(str(exc)) from exc
 
+    def addresses(self) -> dict[str, int]:
+        """Every GPU NVML sees: its PCI address -> NVML's index (read once; again when one is asked for that
+        is not among them). A GPU whose PCI facts NVML cannot give is left out."""
+        if not self._addresses:
+            self._read_addresses()
+        return dict(self._addresses)
+
+    def _read_addresses(self) -> None:
+        self._require()
+        self._addresses = {}
+        for index in range(self.nvml.nvmlDeviceGetCount()):
+            try:
+                pci = self.nvml.nvmlDeviceGetPciInfo(self.nvml.nvmlDeviceGetHandleByIndex(index))
+            except self.nvml.NVMLError:
+                continue
+            self._addresses[ids.pci_address(_text(pci.busId))] = index
+
     def _index(self, address: str) -> int:
         if address not in self._addresses:
-            self._require()
-            self._addresses = {}
-            for index in range(self.nvml.nvmlDeviceGetCount()):
-                try:
-                    pci = self.nvml.nvmlDeviceGetPciInfo(self.nvml.nvmlDeviceGetHandleByIndex(index))
-                except self.nvml.NVMLError:
-                    continue
-                self._addresses[ids.pci_address(_text(pci.busId))] = index
+            self._read_addresses()
         if address not in self._addresses:
             raise NotFound(f"NVML does not see a GPU at {address}",
                            hint="`vgpumgr gpus` lists the GPUs; is the NVIDIA driver bound to it?")

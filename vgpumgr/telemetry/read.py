@@ -70,7 +70,6 @@ class Reader:
         self.layer = layer
         self._static: dict[tuple[str, int], dict[str, Any]] = {}
         self._types: dict[int, tuple[str | None, int | None]] = {}
-        self._addresses: list[str] | None = None
 
     def read(self) -> tuple[list[GpuReading], list[str]]:
         """Every GPU's running vGPUs now, and the notices (NVML missing) to say once."""
@@ -78,7 +77,7 @@ class Reader:
             return [], [self.layer.notice or "NVML is not available: no vGPU telemetry"]
         n = self.layer.nvml
         out = []
-        for index, address in enumerate(self._gpu_addresses()):
+        for address, index in self.layer.addresses().items():
             try:
                 handle = n.nvmlDeviceGetHandleByIndex(index)
                 instances = list(n.nvmlDeviceGetActiveVgpus(handle))
@@ -95,17 +94,6 @@ class Reader:
                 del self._static[key]  # an instance that ended: its id may come back for another VM
             out.append(gpu)
         return out, []
-
-    def _gpu_addresses(self) -> list[str]:
-        if self._addresses is None:
-            n = self.layer.nvml
-            found = []
-            for index in range(n.nvmlDeviceGetCount()):
-                pci = n.nvmlDeviceGetPciInfo(n.nvmlDeviceGetHandleByIndex(index))
-                bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
-                found.append(ids.pci_address(bus))
-            self._addresses = found
-        return self._addresses
 
     @staticmethod
     def _utilisation(n: Any, handle: Any) -> dict[int, dict[str, float | None]]:
