@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0008_fleet_rows: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0009_rolling_upgrades: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -8,7 +8,7 @@ CREATE TABLE hosts (
 	id INTEGER NOT NULL, 
 	name VARCHAR(255) NOT NULL, 
 	created_at DATETIME NOT NULL, 
-	last_seen DATETIME NOT NULL, 
+	last_seen DATETIME NOT NULL, code_version VARCHAR(32), code_schema INTEGER, 
 	PRIMARY KEY (id), 
 	UNIQUE (name)
 );
@@ -262,5 +262,12 @@ CREATE TABLE fleet_capacity (
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
 CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
-INSERT INTO "alembic_version" VALUES('0008_fleet_rows');
+CREATE TABLE vgpumgr_schema (
+	id INTEGER NOT NULL, 
+	contract_level INTEGER NOT NULL, 
+	changed_by VARCHAR(255), 
+	PRIMARY KEY (id)
+);
+INSERT INTO "alembic_version" VALUES('0009_rolling_upgrades');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
+INSERT INTO "vgpumgr_schema" VALUES(1,0,NULL);

@@ -81,7 +81,7 @@ class PgServer:
         self._pg_ctl_start()
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg2://{self.user}@/{database}?host={self.dir}"
+        return f"postgresql://{self.user}@/{database}?host={self.dir}"
 
     def create_database(self, prefix: str = "t") -> str:
         """A new empty database; returns its URL."""

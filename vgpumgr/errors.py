@@ -89,6 +89,14 @@ class Unavailable(VgpuError):
     kind = "unavailable"
 
 
+class SchemaMismatch(VgpuError):
+    """This vgpumgr and the database's schema cannot work together (rolling upgrades, vgpumgr.db.schema)."""
+
+    status = 503
+    exit_code = 11
+    kind = "schema-mismatch"
+
+
 class AuditBroken(VgpuError):
     """The audit chain, or a checkpoint of it, shows tampering or loss."""
 

@@ -14,6 +14,7 @@ revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+phase = "expand"  # additive only: see vgpumgr.db.schema
 
 TS = sa.DateTime(timezone=True)
 SEQ = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

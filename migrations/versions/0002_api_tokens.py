@@ -14,6 +14,7 @@ revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
+phase = "expand"  # additive only: see vgpumgr.db.schema
 
 
 def upgrade() -> None:

@@ -17,6 +17,7 @@ revision = "0003_audit_checkpoints"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+phase = "expand"  # additive only: see vgpumgr.db.schema
 
 
 def upgrade() -> None:

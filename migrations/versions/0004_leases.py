@@ -14,6 +14,7 @@ revision = "0004_leases"
 down_revision = "0003_audit_checkpoints"
 branch_labels = None
 depends_on = None
+phase = "expand"  # additive only: see vgpumgr.db.schema
 
 _LEASED = sa.text("owner_pid IS NOT NULL")
 

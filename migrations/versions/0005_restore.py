@@ -15,6 +15,7 @@ revision = "0005_restore"
 down_revision = "0004_leases"
 branch_labels = None
 depends_on = None
+phase = "expand"  # additive only: see vgpumgr.db.schema
 
 
 def upgrade() -> None:

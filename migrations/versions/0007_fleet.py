@@ -14,6 +14,7 @@ revision = "0007_fleet"
 down_revision = "0005_restore"
 branch_labels = None
 depends_on = None
+phase = "expand"  # additive only: see vgpumgr.db.schema
 
 
 def upgrade() -> None:

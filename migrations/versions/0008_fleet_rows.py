@@ -15,6 +15,7 @@ revision = "0008_fleet_rows"
 down_revision = "0007_fleet"
 branch_labels = None
 depends_on = None
+phase = "expand"  # additive only: see vgpumgr.db.schema
 
 
 def upgrade() -> None:

@@ -95,6 +95,18 @@ class Host(Base):
     name: Mapped[str] = mapped_column(String(255), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    code_version: Mapped[str | None] = mapped_column(String(32))  # the vgpumgr it last ran
+    code_schema: Mapped[int | None] = mapped_column(Integer)  # that code's newest schema revision (its ordinal)
+
+
+class SchemaInfo(Base):
+    """One row: the contract level (vgpumgr.db.schema)."""
+
+    __tablename__ = "vgpumgr_schema"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    contract_level: Mapped[int] = mapped_column(Integer)
+    changed_by: Mapped[str | None] = mapped_column(String(255))
 
 
 class Gpu(Base):

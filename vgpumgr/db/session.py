@@ -19,16 +19,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-from vgpumgr.errors import InvalidInput
+from vgpumgr.db import schema
+from vgpumgr.errors import InvalidInput, Unavailable
 from vgpumgr.locking import state_dir
-from vgpumgr.resources import data_dir
 
 DB_FILE = "vgpumgr.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-MIGRATIONS_DIR = data_dir("migrations")
-# The newest migration. Stamped here so that a start can compare it with the database's revision
-# without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
-SCHEMA_REVISION = "0008_fleet_rows"
+MIGRATIONS_DIR = schema.MIGRATIONS_DIR
+SCHEMA_REVISION = schema.SCHEMA_REVISION
 
 PING_AFTER_IDLE_S = 1.0  # a pooled server connection idle longer than this is checked before use
 READ_ONLY = "vgpumgr_read_only"  # execution option: a transaction that only reads
@@ -59,6 +57,23 @@ def _check_url(url: str) -> Any:
     return parsed
 
 
+def driver_url(url: str) -> Any:
+    """The URL SQLAlchemy is given. A bare `postgresql://` means psycopg 3, the driver vgpumgr depends on,
+    whichever SQLAlchemy is installed (2.0 would pick psycopg2, 2.1 picks psycopg): the README's URL works from
+    a plain install. `postgresql+psycopg2://` still selects psycopg2 where it is installed."""
+    parsed = _check_url(url)
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def _driver_missing(parsed: Any, exc: ImportError) -> Unavailable:
+    module = getattr(exc, "name", None) or str(exc)
+    return Unavailable(f"the database driver for {parsed.drivername}:// is not installed ({module})",
+                       hint="use postgresql:// (psycopg 3, installed with vgpumgr), or install the driver named "
+                            "(e.g. `pip install psycopg2-binary` for postgresql+psycopg2://)")
+
+
 def _sqlite_setup(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -83,15 +98,18 @@ def _sqlite_setup(engine: Engine) -> None:
 def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
     """A new engine for `url` (default: default_db_url()), with the SQLite settings applied."""
     url = url or default_db_url()
-    parsed = _check_url(url)
+    parsed = driver_url(url)
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         if db and db != ":memory:" and not db.startswith("file:"):
             Path(db).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, **kwargs)
+        engine = create_engine(parsed, **kwargs)
         _sqlite_setup(engine)
         return engine
-    engine = create_engine(url, **kwargs)
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except ImportError as exc:
+        raise _driver_missing(parsed, exc) from exc
     if not kwargs.get("pool_pre_ping"):
         _ping_after_idle(engine)
     return engine
@@ -172,15 +190,26 @@ def _alembic_config(engine: Engine) -> Any:
 
 
 def _run(url_or_engine: str | Engine | None, fn: Any, *args: Any) -> None:
+    """An Alembic command in one transaction; on PostgreSQL under an advisory lock (two hosts upgrading at once:
+    the second waits, then finds the work done). The contract level is set from the revision reached."""
+    from sqlalchemy import text
+
     engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
     cfg = _alembic_config(engine)
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": schema.LOCK_KEY})
         cfg.attributes["connection"] = conn
         fn(cfg, *args)
+        revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        if (schema.ordinal(revision) or 0) >= 9:
+            conn.execute(text("UPDATE vgpumgr_schema SET contract_level = :l WHERE id = 1"),
+                         {"l": schema.contract_level_at(revision)})
 
 
 def upgrade(url: str | Engine | None = None, rev: str = "head") -> None:
-    """Bring the schema to `rev` (default: the newest). Safe to run on every start."""
+    """Bring the schema to `rev` (default: the newest), contract steps included: what a single host (SQLite)
+    and the tests do. A fleet's `vgpumgr db upgrade` goes through vgpumgr.db.schema's plan instead."""
     from alembic import command
 
     _run(url, command.upgrade, rev)
@@ -208,14 +237,26 @@ def head_revision() -> str | None:
 
 
 def ensure_schema(url: str) -> None:
-    """Upgrade the schema once per process, loading Alembic only when the database is behind. A new SQLite
-    database gets the newest schema from its SQL snapshot (vgpumgr.db.snapshot), without Alembic."""
+    """Check the schema once per process (one query when it is this code's own revision). A new SQLite database
+    gets the newest schema from its SQL snapshot (vgpumgr.db.snapshot) without Alembic; an older SQLite one is
+    upgraded (one host); a PostgreSQL one is never changed here (vgpumgr.db.schema.check says what to do), except
+    a database without any schema, which is created."""
     with _schema_lock:
-        if url not in _schema_ready:
-            stored = stored_revision(url)
-            if stored != SCHEMA_REVISION and not (stored is None and _from_snapshot(url)):
+        if url in _schema_ready:
+            return
+        state = stored_state(url)
+        if state is None:
+            if not _from_snapshot(url):
                 upgrade(url)
-            _schema_ready.add(url)
+        elif schema.check(state, dialect=get_engine(url).dialect.name) == "upgrade":
+            upgrade(url)
+        _schema_ready.add(url)
+
+
+def forget_schema(url: str) -> None:
+    """Check `url`'s schema again at the next ensure_schema (after `db upgrade`, `db restore`)."""
+    with _schema_lock:
+        _schema_ready.discard(url)
 
 
 def _from_snapshot(url: str) -> bool:
@@ -227,12 +268,41 @@ def _from_snapshot(url: str) -> bool:
     return create_if_empty(engine, SCHEMA_REVISION)
 
 
+def stored_state(url: str) -> schema.State | None:
+    """The database's revision and contract level, or None when it has no schema yet. A server that cannot be
+    reached, or refuses us, is Unavailable (exit 8), not a missing schema."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    engine = get_engine(url)
+    try:
+        conn = engine.connect()
+    except ImportError as exc:
+        raise _driver_missing(engine.url, exc) from exc
+    except (OperationalError, DBAPIError) as exc:
+        raise unreachable(engine, exc) from exc
+    with conn.execution_options(**{READ_ONLY: True}) as conn:
+        try:
+            return schema.read_state(conn)
+        except (OperationalError, DBAPIError) as exc:
+            if _no_table(exc):
+                return None
+            raise unreachable(engine, exc) from exc
+
+
 def stored_revision(url: str) -> str | None:
     """The database's revision read with one query (no Alembic), or None when it has no schema yet."""
-    from sqlalchemy import text
+    state = stored_state(url)
+    return state.revision if state else None
 
-    try:
-        with get_engine(url).connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except Exception:  # noqa: BLE001 - no table yet, or no database: let the upgrade create it
-        return None
+
+def unreachable(engine: Engine, exc: BaseException) -> Unavailable:
+    where = engine.url.render_as_string(hide_password=True)
+    first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return Unavailable(f"cannot use the database {where}: {first}",
+                       hint="check that the server runs and the URL (VGPUMGR_DB or --db) names it, its user and "
+                            "database; for SQLite, that the directory is writable")
+
+
+def _no_table(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", exc)).lower()
+    return "no such table" in text or "does not exist" in text and "relation" in text

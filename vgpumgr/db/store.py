@@ -58,6 +58,8 @@ def _insert_ignore(session: Session, model: type, values: dict[str, Any], keys: 
 def upsert_host(session: Session, name: str) -> Host:
     if not name or len(name) > 255:
         raise InvalidInput(f"'{name}' is not a usable host name", hint="use the machine's hostname")
+    from vgpumgr.db import schema
+
     host = session.scalar(select(Host).where(Host.name == name))
     if host is None:
         now = utcnow()
@@ -65,6 +67,10 @@ def upsert_host(session: Session, name: str) -> Host:
         host = session.scalars(select(Host).where(Host.name == name)).one()
     else:
         host.last_seen = utcnow()
+    # what this host runs, for rolling upgrades (`db upgrade --contract` refuses while old code is live)
+    version, known = schema.code_version(), schema.code_ordinal()
+    if host.code_version != version or host.code_schema != known:
+        host.code_version, host.code_schema = version, known
     return host
 
 

@@ -159,7 +159,9 @@ def _run(s: Session, name: str, params: Any, many: bool = False) -> None:
     sql = _SQL[conn.dialect.name][name]
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        if name in _PREPARED and conn.dialect.name == "postgresql":
+        if name in _PREPARED and conn.dialect.driver == "psycopg":
+            cursor.execute(sql, params, prepare=True)  # psycopg 3 prepares on the server itself, per connection
+        elif name in _PREPARED and conn.dialect.name == "postgresql":
             prepare, sql, _ = _PREPARED[name]
             info = conn.connection.info  # lives as long as the server connection (a new one prepares again)
             if not info.get(prepare):
