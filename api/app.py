@@ -35,7 +35,11 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
         service = Service(cfg or Config.resolve())
     watcher = InventoryWatcher(service)
     service.fleet.endpoint = service.fleet.endpoint or endpoint
-    heartbeat = Heartbeat(lambda: service.publish_fleet(heartbeat=True), service.fleet.heartbeat_s)
+    def beat() -> None:
+        if service.check_schema() is None and service.fleet.enabled:  # never write to a schema it cannot use
+            service.publish_fleet(heartbeat=True)
+
+    heartbeat = Heartbeat(beat, service.fleet.heartbeat_s)
     from vgpumgr.telemetry.sampler import Sampler
 
     sampler = Sampler(service)
@@ -50,8 +54,7 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
         app.state.rolled_back_at_start = rolled_back_at_start
         app.state.stale_released_at_start = stale_at_start
         app.state.inventory_updates = watcher.start() if watch else "ttl"
-        if service.fleet.enabled:
-            heartbeat.start()  # publishes this host in full now, then every heartbeat
+        heartbeat.start()  # checks the schema and publishes this host in full now, then every heartbeat
         if watch:
             sampler.start()
         try:

@@ -12,7 +12,10 @@ from vgpumgr.service import Service
 
 
 async def service(request: Request) -> Service:
-    return request.app.state.service
+    svc = request.app.state.service
+    if svc.schema_problem is not None:  # the schema was contracted under this running service: say what to do
+        raise svc.schema_problem
+    return svc
 
 
 async def idempotency_key(key: str | None = Header(default=None, alias="Idempotency-Key", max_length=128,

@@ -34,7 +34,8 @@ def _common() -> argparse.ArgumentParser:
 
 # commands registered by modules outside this file, so that only the one a user runs is imported
 EXTRA_MODULES = {
-    "vgpumgr.cli.records": ("place", "vgpu", "release", "placements", "license", "licence", "reconcile", "db"),
+    "vgpumgr.cli.records": ("place", "vgpu", "release", "placements", "license", "licence", "reconcile"),
+    "vgpumgr.cli.dbadmin": ("db", "upgrade"),
     "vgpumgr.cli.audit": ("audit",),
     "vgpumgr.cli.mig": ("mig", "scheduler"),
     "vgpumgr.cli.vm": ("vm",),
@@ -196,6 +197,18 @@ def _skip_last_collection() -> None:
     import gc
 
     atexit.register(gc.freeze)
+    if os.environ.get("VGPUMGR_CHECKPOINT_AT_EXIT", "1") != "0":
+        atexit.register(_close_databases)  # runs first (atexit is last in, first out)
+
+
+def _close_databases() -> None:
+    """Close the pooled database connections at exit. The last connection to an SQLite database closing
+    checkpoints its write-ahead log into the database file and removes the log, so that after a command the
+    data is in vgpumgr.db itself (a `cp` of it is a copy, though `vgpumgr db backup` is the safe one). With the
+    service running, its connection stays open and the log stays. Measured: README, 'Backups'."""
+    session = sys.modules.get("vgpumgr.db.session")
+    if session is not None:
+        session.dispose_engines()
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None,
@@ -238,11 +251,25 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         err.write("vgpumgr: interrupted\n")
         return 130
     except Exception as e:  # noqa: BLE001 - a bug: say so plainly; VGPUMGR_DEBUG=1 shows the traceback
+        known = _database_error(e)
+        if known is not None:
+            err.write(f"vgpumgr: error: {known.message}\n  hint: {known.hint}\n")
+            return known.exit_code
         if os.environ.get("VGPUMGR_DEBUG"):
             raise
         err.write(f"vgpumgr: internal error: {type(e).__name__}: {e}\n"
                   "  hint: this is a bug in vgpumgr; run again with VGPUMGR_DEBUG=1 and report the traceback\n")
         return 70
+
+
+def _database_error(e: Exception) -> VgpuError | None:
+    """A database server that went away or refused us mid-command: Unavailable (exit 8), not a bug."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    if exc is None or not isinstance(e, exc.OperationalError | exc.InterfaceError):
+        return None
+    from vgpumgr.db.session import unreachable
+
+    return unreachable(None, e)
 
 
 if __name__ == "__main__":

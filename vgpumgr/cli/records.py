@@ -62,11 +62,6 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--remove-unknown", action="store_true", help="with --fix: remove devices nobody recorded")
     p.add_argument("--json", action="store_true")
 
-    db = group("db", "the database")
-    cmd(db, ("db", "upgrade"), "vgpumgr.cli.records:db_upgrade", "create or upgrade the schema")
-    p = cmd(db, ("db", "downgrade"), "vgpumgr.cli.records:db_downgrade", "downgrade the schema")
-    p.add_argument("revision", help="target revision, or 'base'")
-    cmd(db, ("db", "current"), "vgpumgr.cli.records:db_current", "print the schema revision")
 
 def _ref(a: dict[str, Any]) -> str:
     return a.get("uuid") or a.get("pci_address") or "-"
@@ -242,31 +237,3 @@ def _stale_line(out: TextIO, st: dict[str, Any]) -> None:
                   f"held by: {', '.join(ev.get('holders') or []) or 'nobody'}\n")
     else:
         out.write(f"    {ev.get('domain')}; held by: {', '.join(ev.get('holders') or []) or 'nobody'}\n")
-
-
-def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.cli.devices import config
-    from vgpumgr.db.session import current_revision, upgrade
-
-    cfg = config(args)
-    upgrade(cfg.db_url)
-    out.write(f"database at revision {current_revision(cfg.db_url)}\n")
-    return 0
-
-
-def db_downgrade(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.cli.devices import config
-    from vgpumgr.db.session import current_revision, downgrade
-
-    cfg = config(args)
-    downgrade(cfg.db_url, args.revision)
-    out.write(f"database at revision {current_revision(cfg.db_url) or 'base (empty)'}\n")
-    return 0
-
-
-def db_current(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.cli.devices import config
-    from vgpumgr.db.session import current_revision
-
-    out.write(f"{current_revision(config(args).db_url) or 'base (empty)'}\n")
-    return 0

@@ -35,7 +35,7 @@ SCHEMA_REVISION = "0009_rolling_upgrades"
 
 LOCK_KEY = 0x76677075  # pg_advisory_xact_lock key of schema changes ("vgpu")
 LIVE_WINDOW = timedelta(hours=24)  # a host seen this recently counts as running its recorded code
-_ORDINAL = re.compile(r"^(\d{4})_")
+_ORDINAL = re.compile(r"^(\d{4})(?:_|$)")
 
 
 def ordinal(revision: str | None) -> int | None:
@@ -158,6 +158,10 @@ class HostVersion:
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.name, "version": self.version, "schema": self.schema,
                 "last_seen": self.last_seen.isoformat() if self.last_seen else None, "live": self.live}
+
+
+def who(hosts: list[HostVersion]) -> str:
+    return ", ".join(f"{h.name} (vgpumgr {h.version or 'unknown'})" for h in hosts)
 
 
 def host_versions(conn: Any, now: datetime, window: timedelta = LIVE_WINDOW) -> list[HostVersion]:

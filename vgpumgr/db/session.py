@@ -191,20 +191,32 @@ def _alembic_config(engine: Engine) -> Any:
 
 def _run(url_or_engine: str | Engine | None, fn: Any, *args: Any) -> None:
     """An Alembic command in one transaction; on PostgreSQL under an advisory lock (two hosts upgrading at once:
-    the second waits, then finds the work done). The contract level is set from the revision reached."""
+    the second waits, then finds the work done)."""
+    engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
+    with engine.begin() as conn:
+        lock_schema(conn)
+        alembic_on(conn, fn, *args)
+
+
+def lock_schema(conn: Any) -> None:
+    """Serialise schema changes across a fleet: a PostgreSQL advisory lock held until the transaction ends."""
     from sqlalchemy import text
 
-    engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
-    cfg = _alembic_config(engine)
-    with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": schema.LOCK_KEY})
-        cfg.attributes["connection"] = conn
-        fn(cfg, *args)
-        revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-        if (schema.ordinal(revision) or 0) >= 9:
-            conn.execute(text("UPDATE vgpumgr_schema SET contract_level = :l WHERE id = 1"),
-                         {"l": schema.contract_level_at(revision)})
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": schema.LOCK_KEY})
+
+
+def alembic_on(conn: Any, fn: Any, *args: Any) -> None:
+    """Run an Alembic command on `conn` (its transaction); then set the contract level from the revision reached."""
+    from sqlalchemy import text
+
+    cfg = _alembic_config(conn.engine)
+    cfg.attributes["connection"] = conn
+    fn(cfg, *args)
+    revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    if (schema.ordinal(revision) or 0) >= 9:
+        conn.execute(text("UPDATE vgpumgr_schema SET contract_level = :l WHERE id = 1"),
+                     {"l": schema.contract_level_at(revision)})
 
 
 def upgrade(url: str | Engine | None = None, rev: str = "head") -> None:
@@ -295,10 +307,10 @@ def stored_revision(url: str) -> str | None:
     return state.revision if state else None
 
 
-def unreachable(engine: Engine, exc: BaseException) -> Unavailable:
-    where = engine.url.render_as_string(hide_password=True)
+def unreachable(engine: Engine | None, exc: BaseException) -> Unavailable:
+    where = f" {engine.url.render_as_string(hide_password=True)}" if engine is not None else ""
     first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return Unavailable(f"cannot use the database {where}: {first}",
+    return Unavailable(f"cannot use the database{where}: {first}",
                        hint="check that the server runs and the URL (VGPUMGR_DB or --db) names it, its user and "
                             "database; for SQLite, that the directory is writable")
 

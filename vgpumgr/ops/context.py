@@ -22,7 +22,7 @@ from vgpumgr import audit, checkpoints, licensing
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.session import ensure_schema, read_sessions, session_factory
-from vgpumgr.errors import Busy, VgpuError
+from vgpumgr.errors import Busy, SchemaMismatch, VgpuError
 from vgpumgr.inventory import scan
 from vgpumgr.locking import host_lock
 from vgpumgr.model import Inventory
@@ -92,6 +92,22 @@ class Context:
             self._host_id = store.upsert_host(s, self.hostname).id
         self._snap_lock = threading.Lock()
         self._thread_lock = threading.RLock()
+        self.schema_problem: VgpuError | None = None  # set by check_schema: the service then answers 503
+
+    def check_schema(self) -> VgpuError | None:
+        """Read the database's schema state again (the service, on each heartbeat): a contract step run since this
+        process started means this code may no longer use it (vgpumgr.db.schema)."""
+        from vgpumgr.db import schema
+        from vgpumgr.db.session import get_engine, stored_state
+
+        try:
+            state = stored_state(self.cfg.db_url)
+            if state is not None:
+                schema.check(state, dialect=get_engine(self.cfg.db_url).dialect.name)
+            self.schema_problem = None
+        except SchemaMismatch as exc:
+            self.schema_problem = exc
+        return self.schema_problem
 
     # -- the unit of work -----------------------------------------------------------------------
     @contextmanager

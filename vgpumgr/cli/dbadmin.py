@@ -1,0 +1,144 @@
+"""`vgpumgr db ...` (schema, backups) and `vgpumgr upgrade check` (rolling upgrades: README, 'Upgrading')."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, TextIO
+
+from vgpumgr.cli.output import dump_json
+from vgpumgr.db.schema import who
+
+
+def register(sub: Any, cmd: Any, group: Any) -> None:
+    db = group("db", "the database: schema, backups")
+    p = cmd(db, ("db", "upgrade"), "vgpumgr.cli.dbadmin:db_upgrade",
+            "create or upgrade the schema: expand steps (old hosts keep working); contract steps with --contract")
+    p.add_argument("--contract", action="store_true",
+                   help="also apply contract steps (removals), refused while a live host runs code that needs them")
+    p.add_argument("--ignore-host", action="append", default=[], metavar="HOST",
+                   help="with --contract: a retired host whose recorded version does not count (repeat)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be applied, change nothing")
+    p.add_argument("--json", action="store_true")
+    p = cmd(db, ("db", "downgrade"), "vgpumgr.cli.dbadmin:db_downgrade", "downgrade the schema")
+    p.add_argument("revision", help="target revision, or 'base'")
+    p = cmd(db, ("db", "current"), "vgpumgr.cli.dbadmin:db_current",
+            "print the schema revision (--json: contract level, this code's revision, compatibility)")
+    p.add_argument("--json", action="store_true")
+    p = cmd(db, ("db", "backup"), "vgpumgr.cli.dbadmin:db_backup",
+            "copy the SQLite database consistently (online backup API), audit chain verified")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--json", action="store_true")
+    p = cmd(db, ("db", "restore"), "vgpumgr.cli.dbadmin:db_restore",
+            "replace the SQLite database with a backup (its audit chain verified first; the old one kept)")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--force", action="store_true", help="restore even if the backup's audit chain does not verify")
+    p.add_argument("--json", action="store_true")
+
+    up = group("upgrade", "rolling upgrades of vgpumgr")
+    p = cmd(up, ("upgrade", "check"), "vgpumgr.cli.dbadmin:upgrade_check",
+            "run by the newly installed release before its restart: what the upgrade does, what would break "
+            "(exit 10)")
+    p.add_argument("--kernel", metavar="RELEASE", help="the kernel the host will boot (default: newest in /boot)")
+    p.add_argument("--driver", metavar="VERSION", help="the NVIDIA host driver it will load")
+    p.add_argument("--json", action="store_true")
+
+
+def _cfg(args: argparse.Namespace) -> Any:
+    from vgpumgr.cli.devices import config
+
+    return config(args)
+
+
+def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.db import admin
+    from vgpumgr.ops.context import hostname
+
+    cfg = _cfg(args)
+    plan = admin.upgrade(cfg.db_url, contract=args.contract, ignore=frozenset(args.ignore_host), me=hostname(),
+                         dry_run=args.dry_run)
+    if args.json:
+        dump_json(out, {**plan.as_dict(), "dry_run": args.dry_run})
+        return 0
+    verb = "would apply" if args.dry_run else "applied"
+    for step in plan.apply:
+        out.write(f"{verb} {step.revision} ({step.phase}): {step.doc}\n")
+    for step in plan.held:
+        old = plan.blockers.get(step.revision)
+        why = (f"hosts still run code that needs it: {who(old)}" if old else
+               "contract step: run `vgpumgr db upgrade --contract` once every host runs this release"
+               if step.phase == "contract" else "after the contract step before it")
+        out.write(f"held back {step.revision} ({step.phase}): {why}\n")
+    if plan.ahead:
+        out.write(f"the database is newer than this vgpumgr ({plan.current}); it still serves this release\n")
+    revision = plan.target if not args.dry_run else plan.current
+    out.write(f"database at revision {revision or 'base (empty)'}\n")
+    return 0
+
+
+def db_downgrade(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.db.session import current_revision, downgrade, forget_schema
+
+    cfg = _cfg(args)
+    downgrade(cfg.db_url, args.revision)
+    forget_schema(cfg.db_url)
+    out.write(f"database at revision {current_revision(cfg.db_url) or 'base (empty)'}\n")
+    return 0
+
+
+def db_current(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.db import admin
+
+    cur = admin.current(_cfg(args).db_url)
+    if args.json:
+        dump_json(out, cur.as_dict())
+        return 0
+    out.write(f"{cur.revision or 'base (empty)'}\n")
+    return 0
+
+
+def db_backup(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.db import admin
+
+    copy = admin.backup(_cfg(args).db_url, Path(args.file), force=args.force)
+    if args.json:
+        dump_json(out, copy.as_dict())
+        return 0
+    out.write(f"backup written: {copy.path} ({copy.size // 1024} KiB, schema {copy.revision}, "
+              f"{copy.events} audit events, chain verified to event {copy.head_seq})\n")
+    return 0
+
+
+def db_restore(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.db import admin
+    from vgpumgr.locking import host_lock
+
+    cfg = _cfg(args)
+    with host_lock(cfg.state_dir / "vgpumgr.lock", timeout=30):
+        copy, kept = admin.restore(cfg.db_url, Path(args.file), force=args.force)
+    if args.json:
+        dump_json(out, {**copy.as_dict(), "previous": str(kept)})
+        return 0
+    chain = (f"audit chain verified to event {copy.head_seq}" if copy.events >= 0 else
+             "audit chain NOT verified (--force)")
+    out.write(f"restored {copy.path} (schema {copy.revision}, {chain}); the database it replaced is {kept}\n"
+              "restart vgpumgr.service so that the service reads the restored records\n")
+    return 0
+
+
+def upgrade_check(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.ops.context import hostname
+    from vgpumgr.ops.upgrade_check import check
+
+    report = check(_cfg(args), hostname(), kernel=args.kernel, driver=args.driver)
+    if args.json:
+        dump_json(out, report.as_dict())
+        return 10 if report.blocked else 0
+    s = report.schema
+    out.write(f"host {report.host}: vgpumgr {report.version} (schema {s['code']}); database at "
+              f"{s['database'] or 'no schema yet'} (contract level {s['contract_level']})\n")
+    for f in report.findings:
+        out.write(f"  {f.severity.upper():5}  {f.area:6}  {f.message}\n")
+    out.write("upgrade blocked: fix the BLOCK findings first\n" if report.blocked else "nothing blocks the upgrade\n")
+    return 10 if report.blocked else 0
