@@ -12,46 +12,28 @@ import json
 import os
 import shutil
 import signal
-import site
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import wheels
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "vgpumgr", "api", "migrations", "xml_templates", "scripts/systemd")
+REPO = wheels.REPO
+
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A venv with only the wheel in it; yields its bin/ directory."""
     base = tmp_path_factory.mktemp("wheel")
-    src = base / "src"  # a copy, so that building leaves no build/ or egg-info in the checkout
-    src.mkdir()
-    for name in SOURCES:
-        p = REPO / name
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        if p.is_dir():
-            shutil.copytree(p, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(p, src / name)
-    dist = base / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(src)], check=True, timeout=120)
-    wheel = next(dist.glob("vgpumgr-*.whl"))
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=120)
-    purelib = subprocess.run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    (Path(purelib) / "dev-deps.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
+    src = wheels.copy_sources(base / "src")  # a copy: building leaves no build/ or egg-info in the checkout
+    wheel = wheels.build_wheel(src, base / "dist")
+    bin_dir = wheels.install(wheel, base / "venv")
     shutil.rmtree(src)  # nothing of the source tree is left next to the install either
-    yield venv / "bin"
+    yield bin_dir
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -88,9 +70,9 @@ def test_demo_and_db_upgrade(installed: Path, tmp_path: Path) -> None:
     assert "vgpumgr vm create" in out
     db = f"sqlite:///{tmp_path / 'fresh.db'}"
     out = _run(installed, tmp_path, "--db", db, "db", "upgrade")
-    newest = sorted((REPO / "migrations/versions").glob("*.py"))[-1].stem.split("_")[0]
-    assert out.startswith("database at revision ") and newest in out, out
-    assert _run(installed, tmp_path, "--db", db, "db", "current").strip() == out.split()[-1]
+    newest = sorted((REPO / "migrations/versions").glob("*.py"))[-1].stem
+    assert f"applied {newest} (expand)" in out and out.endswith(f"database at revision {newest}\n"), out
+    assert _run(installed, tmp_path, "--db", db, "db", "current").strip() == newest
 
 
 def test_serve_on_a_unix_socket(installed: Path, tmp_path: Path) -> None:

@@ -32,7 +32,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("hosts") as batch:
-        batch.drop_column("code_schema")
-        batch.drop_column("code_version")
+    if op.get_bind().dialect.name == "sqlite":
+        # SQLite 3.35+ drops a column in place; a batch copy would drop `hosts` and cascade to every row of the host
+        op.execute("ALTER TABLE hosts DROP COLUMN code_schema")
+        op.execute("ALTER TABLE hosts DROP COLUMN code_version")
+    else:
+        op.drop_column("hosts", "code_schema")
+        op.drop_column("hosts", "code_version")
     op.drop_table("vgpumgr_schema")

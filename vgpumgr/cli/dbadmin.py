@@ -8,6 +8,7 @@ from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json
 from vgpumgr.db.schema import who
+from vgpumgr.errors import Conflict
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -58,9 +59,10 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     cfg = _cfg(args)
     plan = admin.upgrade(cfg.db_url, contract=args.contract, ignore=frozenset(args.ignore_host), me=hostname(),
                          dry_run=args.dry_run)
+    refused = args.contract and bool(plan.blockers)  # asked for the contract steps and did not get them
     if args.json:
         dump_json(out, {**plan.as_dict(), "dry_run": args.dry_run})
-        return 0
+        return 4 if refused else 0
     verb = "would apply" if args.dry_run else "applied"
     for step in plan.apply:
         out.write(f"{verb} {step.revision} ({step.phase}): {step.doc}\n")
@@ -74,6 +76,10 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"the database is newer than this vgpumgr ({plan.current}); it still serves this release\n")
     revision = plan.target if not args.dry_run else plan.current
     out.write(f"database at revision {revision or 'base (empty)'}\n")
+    if refused:
+        raise Conflict("contract step(s) refused: live hosts run vgpumgr code that needs what they remove",
+                       hint="upgrade those hosts first (or, for a host that is retired, --ignore-host NAME); "
+                            "`vgpumgr upgrade check` lists the hosts and their versions")
     return 0
 
 

@@ -12,7 +12,9 @@ seen. A vgpumgr whose newest revision has ordinal N, opening a database at revis
 - R == N: the everyday case (one query, no Alembic);
 - R > N: a newer host ran expand steps; fine while the contract level is <= N, else SchemaMismatch (exit 11);
 - R < N: SQLite (one host) upgrades itself; PostgreSQL (a fleet) is changed only by an explicit
-  `vgpumgr db upgrade`, so SchemaMismatch says to run it;
+  `vgpumgr db upgrade`, so SchemaMismatch says to run it when an expand step is pending (pending contract steps
+  need nothing of this code: they wait until every host runs it). So a release puts its contract steps after its
+  expand steps, and a fleet upgrades one release at a time.
 - no schema yet: created.
 """
 
@@ -139,7 +141,9 @@ def check(state: State, *, dialect: str) -> str:
         return "ok"  # a newer host expanded the schema; what this code uses is all still there
     if dialect == "sqlite":
         return "upgrade"
-    pending = [s.revision for s in steps() if (theirs or 0) < s.ordinal <= mine]
+    pending = [s.revision for s in steps() if (theirs or 0) < s.ordinal <= mine and s.phase == "expand"]
+    if not pending:  # only contract steps left: they wait until every host runs this release, and it needs them not
+        return "ok"
     raise SchemaMismatch(
         f"the database is at schema revision {state.revision}; this vgpumgr {code_version()} needs "
         f"{SCHEMA_REVISION} ({len(pending)} step(s) pending: {', '.join(pending)})",
