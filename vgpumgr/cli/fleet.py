@@ -128,9 +128,10 @@ def hosts(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         dump_json(out, rows)
         return 0
-    table(out, ["HOST", "STATE", "HEARTBEAT", "GPUS", "VGPUS", "DRIVER", "ENDPOINT", "CORDON"],
+    table(out, ["HOST", "STATE", "HEARTBEAT", "GPUS", "VGPUS", "DRIVER", "VGPUMGR", "ENDPOINT", "CORDON"],
           [[r["host"], _state(r), f"{r['heartbeat_age_s']:.0f}s ago (window {r['stale_after_s']:g}s)", r["gpus"],
-            r["vgpus"], r["driver_version"], r["endpoint"], r["cordon_reason"] if r["cordoned"] else None]
+            r["vgpus"], r["driver_version"], r["vgpumgr_version"], r["endpoint"],
+            r["cordon_reason"] if r["cordoned"] else None]
            for r in rows], empty="no host has published yet (hosts publish while `vgpumgr serve` runs there)")
     return 0
 
