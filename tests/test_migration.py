@@ -379,7 +379,12 @@ def test_drain_with_no_destination_and_no_fleet_says_what_to_give(pair: list[Sim
 
     a, _ = pair
     monkeypatch.setenv("VGPUMGR_HOSTNAME", a.name)  # its own database: only host-a itself has published there
-    rc, out, err = cli("--sysfs-root", str(a.server.root), "--state-dir", str(a.server.cfg.state_dir),
-                       "--connect", a.server.cfg.libvirt_uri, "host", "drain")
+    where = ("--sysfs-root", str(a.server.root), "--state-dir", str(a.server.cfg.state_dir),
+             "--connect", a.server.cfg.libvirt_uri)
+    rc, out, err = cli(*where, "host", "drain")  # nothing runs here: the drain is the cordon alone
+    assert rc == 0 and a.svc.host_status()["cordoned"], err
+    assert cli(*where, "host", "uncordon")[0] == 0
+    a.svc.create_vm("web1", vgpus=["T4-4Q"], start=True)
+    rc, out, err = cli(*where, "host", "drain")
     assert rc == 2 and "no destination to drain to" in err and "--to URI" in err
     assert not a.svc.host_status()["cordoned"]  # refused before the cordon
