@@ -263,12 +263,16 @@ def _reserve_all(svc: Context, domain: str, vgpus: list[migration.IncomingVgpu],
     for stale in _pending(svc, domain, mid):  # a partial earlier attempt: start again from nothing
         _undo(svc, stale, actor)
     made: list[dict[str, Any]] = []
+    mig_layer = _mig_layer(svc) if any(v.mig_profile for v in vgpus) else None
+    instances_before = mig_ops.instance_ids(mig_layer) if mig_layer is not None else set()
     try:
         for v in vgpus:
             made.append(_reserve_one(svc, domain, v, mid, _candidates(svc, v, layer), actor))
     except VgpuError as e:
         for a in made:
             _undo(svc, a, actor)
+        if mig_layer is not None:  # the GPU instances made for this migration go with its vGPUs
+            mig_ops.destroy_made_since(svc, mig_layer, instances_before, actor=actor, vm=domain)
         with svc.tx() as s:
             svc.event(s, INCOMING, FAILED, actor=actor, vm=domain, error=e.message,
                       detail={"migration": mid, "vgpus": [v.as_dict() for v in vgpus]})
@@ -282,6 +286,13 @@ def _reserve_all(svc: Context, domain: str, vgpus: list[migration.IncomingVgpu],
                               "type": a.get("type"), "name": a.get("type_name"),
                               "shared_seat": _source_lease(svc, v.facts) is not None})
     return [{**a, "incoming": {"migration": mid, "source": v.ref}} for v, a in zip(vgpus, made, strict=True)]
+
+
+def _mig_layer(svc: Context) -> Any:
+    try:
+        return svc.nvml()
+    except VgpuError:
+        return None  # no NVML: no GPU instance can be made either (allocate_mig says so)
 
 
 def _undo(svc: Context, a: dict[str, Any], actor: str | None) -> None:

@@ -25,8 +25,8 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
                  lease_id: int | None = None, activate: bool = True, series: str | None = None) -> dict[str, Any]:
     """A MIG-backed vGPU: reuse or create a matching GPU instance, then place the matching type on a VF.
 
-    A GPU where the VM has no vGPU yet comes first (NVIDIA: one vGPU of a physical GPU per VM), a free
-    instance before a new one. `series`: the type's series where the profile has types of several (C, Q)."""
+    Only a GPU where the VM has no vGPU yet (NVIDIA: one vGPU of a physical GPU per VM); a free instance
+    before a new one. `series`: the type's series where the profile has types of several (C, Q)."""
     from vgpumgr import mig as mig_plan
 
     profile = mig_plan.normalise_profile_name(profile)
@@ -71,7 +71,6 @@ def choose_gpu(svc: Context, layer, profile: str, policy: Policy | None, vm: str
     free = free_gpu_instances(svc, layer)
     users = _mig_users(svc)
     gpus = layer.gpus()
-    busy = {g for g, vms in users.items() if vm and vm in vms}
     reasons: dict[str, str] = {}
     room: list[str] = []
     for addr in sorted(gpus):
@@ -82,17 +81,15 @@ def choose_gpu(svc: Context, layer, profile: str, policy: Policy | None, vm: str
             reasons[addr] = "MIG is not enabled on this GPU"
         elif policy and addr in policy.deny_gpus:
             reasons[addr] = "excluded by the policy"
-        elif profile in free.get(addr, []):
-            room.append(addr)
-        elif facts.can_make(profile):
+        elif vm and vm in users.get(addr, []):
+            reasons[addr] = f"VM {vm} already has a vGPU on this GPU"
+        elif profile in free.get(addr, []) or facts.can_make(profile):
             room.append(addr)
         else:
             reasons[addr] = facts.why_none_free(profile, users_text(users.get(addr, [])), len(users.get(addr, [])))
-    for pass_busy in (False, True):
-        for make in (False, True):
-            for addr in room:
-                if (addr in busy) == pass_busy and (profile not in free.get(addr, [])) == make:
-                    return addr, make
+    if room:
+        gpu = min(room, key=lambda a: (profile not in free.get(a, []), a))  # a free instance first
+        return gpu, profile not in free.get(gpu, [])
     why = "; ".join(f"{a}: {r}" for a, r in reasons.items()) or "no MIG GPU here"
     raise NoCapacity(f"no GPU has room for a {profile} GPU instance: {why}",
                      hint="`vgpumgr mig list` shows the GPU instances; destroy one that holds no vGPU, or choose "
@@ -136,3 +133,27 @@ def free_gpu_instances(svc: Context, layer) -> dict[str, list[str]]:  # noqa: AN
                 names.remove(p)
         out[addr] = names
     return out
+
+
+def instance_ids(layer) -> set[tuple[str, int]]:  # noqa: ANN001
+    """(GPU, GPU-instance id) of every GPU instance NVML reports now."""
+    return {(addr, int(gi["id"])) for addr, g in layer.gpus().items()
+            for gi in (g.get("mig") or {}).get("gpu_instances") or []}
+
+
+def destroy_made_since(svc: Context, layer, before: set[tuple[str, int]], *,  # noqa: ANN001
+                       actor: str | None = None, vm: str | None = None) -> list[tuple[str, int]]:
+    """Destroy the GPU instances made since `before` (for a request that failed as a whole: a refused
+    migration leaves none behind), forgetting them for `restore` too. Returns (GPU, id) of those destroyed."""
+    gone = []
+    for addr, gi in sorted(instance_ids(layer) - before):
+        with suppress():
+            res = layer.destroy_gpu_instance(addr, gi)
+            gone.append((addr, gi))
+            with svc.tx() as s:
+                boot_records.forget_gpu_instance(s, svc.host_id(s), addr, res["start"])
+                svc.event(s, "mig.gi.destroy", actor=actor, gpu=addr, vm=vm, detail=res)
+    if gone:
+        svc.host.kernel.gpu_instances_changed(layer)
+        svc.invalidate()
+    return gone
