@@ -4,6 +4,7 @@ one, naming the GPU instances that hold the slices and the VMs whose vGPUs use t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,3 +97,18 @@ def test_no_room_is_pure_over_the_profile_table(layout: list[tuple[str, int]], w
     text = mig.no_room(TABLE, list(facts.instances), TABLE.find(wanted))
     assert text == (None if expected is None else f"no room for a {wanted} instance ({expected})")
     assert facts.can_make(wanted) == (expected is None)
+
+
+def test_on_a_simulated_a100_place_and_vgpu_see_the_free_instance_nvml_reports(tmp_path: Path) -> None:
+    """The service's `place` (CLI and REST) asks without a free-instance map: NVML's facts decide."""
+    from test_hot_path import make_service
+
+    svc = make_service(tmp_path, "a100-mig", vfs=4)
+    assert "one can be made (`vm create --mig 1g.10gb`)" in explain_text(svc.place("A100D-1-10C"))
+    svc.create_vm("ml1", mig=["1g.10gb"])
+    svc.delete_vm("ml1")  # its GPU instance stays, free
+    assert svc.place("A100D-1-10C").choice is not None
+    made = svc.allocate("A100D-1-10C", vm="x")  # `vgpumgr vgpu --type A100D-1-10C` takes it...
+    assert made["mig_profile"] == "1g.10gb"  # ... and records it, so it counts as used
+    assert svc.free_gpu_instances(svc.nvml()) == {"0000:65:00.0": []}
+    assert svc.place("A100D-1-10C").rejected[0].reason.endswith("one can be made (`vm create --mig 1g.10gb`)")

@@ -702,20 +702,20 @@ def _nvidia_refusal(px: Placer, g: _Group, allocs: list[Allocation], pending: li
             return f"GPU holds time-sliced vGPUs; MIG-backed {short} needs MIG mode"
         free = free_gis.get(g.phys)
         facts = px.mig_facts(g.phys)
-        if free is None and (facts is None or not facts.enabled):
-            return f"MIG is not enabled on this GPU; {short} needs a free {info.mig_profile} GPU instance"
         used = [i.mig_profile for _, i in infos if i.mig_profile]
         if free is None:  # the caller did not say: NVML's instances on the GPU, less those its vGPUs use
-            left = facts.free(used).count(info.mig_profile)  # type: ignore[union-attr]
+            if facts is None or not facts.enabled:
+                return f"MIG is not enabled on this GPU; {short} needs a free {info.mig_profile} GPU instance"
+            left = facts.free(used).count(info.mig_profile)
         else:
             left = free.count(info.mig_profile) - sum(
                 1 for a in pending if (px.info(g.phys, a.type) or _info_from_allocation(a)).mig_profile
                 == info.mig_profile)
-        if left <= 0:
-            if facts is None:
-                return f"no free {info.mig_profile} GPU instance"
-            return facts.why_none_free(info.mig_profile, users_text(a.vm for a in mig_allocs), len(used))
-        return None
+        if left > 0:
+            return None
+        if facts is None or not facts.enabled:
+            return f"no free {info.mig_profile} GPU instance"
+        return facts.why_none_free(info.mig_profile, users_text(a.vm for a in mig_allocs), len(used))
 
     if mig_allocs or g.phys in free_gis:
         return f"MIG is enabled on this GPU; time-sliced {short} needs MIG off"
