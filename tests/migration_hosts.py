@@ -52,13 +52,13 @@ class SimHost:
 
 @contextmanager
 def sim_hosts(tmp: Path, *profiles: str, licence_mode: str = "warn", db: str | None = None, vfs: int | None = 4,
-              env_extra: dict[str, str] | None = None) -> Iterator[list[SimHost]]:
+              env_extra: dict[str, str] | None = None, scale: int = 1) -> Iterator[list[SimHost]]:
     with ExitStack() as stack:
         hosts = []
         for n, profile in enumerate(profiles):
             name = f"host-{chr(ord('a') + n)}"
             srv = stack.enter_context(running_server(tmp / name, profile, vfs=vfs, licence_mode=licence_mode, db=db,
-                                                     hostname=name, env_extra=env_extra))
+                                                     hostname=name, env_extra=env_extra, scale=scale))
             (srv.cfg.state_dir / CONFIG).write_text(json.dumps({
                 "hook": str(LIBVIRT), "env": {"VGPUMGR_SOCKET": str(srv.sock), "VGPUMGR_TOKEN": srv.token,
                                               "VGPUMGR_HOOK_TIMEOUT": "60", "VGPUMGR_RELEASE_GRACE": "0",

@@ -16,8 +16,10 @@ from vgpumgr.model import BACKEND_MDEV, Inventory
 from vgpumgr.placement import Allocation, Placer, Policy, Request
 
 
-def mig_type_name(inv: Inventory, profile: str, gpu: str | None = None) -> tuple[str, str | None]:
-    """(vGPU type name, GPU) for a MIG profile, from the listed types or NVML's catalogue of each GPU."""
+def mig_type_name(inv: Inventory, profile: str, gpu: str | None = None, series: str | None = None
+                  ) -> tuple[str, str | None]:
+    """(vGPU type name, GPU) for a MIG profile, from the listed types or NVML's catalogue of each GPU;
+    `series` picks among types of several series (C, Q) for the same profile."""
     from vgpumgr.mig import mig_type_for_profile, normalise_profile_name
 
     profile = normalise_profile_name(profile)
@@ -34,7 +36,7 @@ def mig_type_name(inv: Inventory, profile: str, gpu: str | None = None) -> tuple
     if not names:
         raise NotFound(f"no MIG-backed vGPU type for {profile} on this host",
                        hint="MIG-backed vGPU needs a MIG-enabled GPU with VFs and a vGPU host driver (`vgpumgr gpus`)")
-    chosen = mig_type_for_profile(sorted(names), profile)
+    chosen = mig_type_for_profile(sorted(names), profile, series)
     name = chosen if isinstance(chosen, str) else getattr(chosen, "name", str(chosen))
     return name, names[name]
 

@@ -184,6 +184,56 @@ def why_no_room(table: ProfileTable, existing: Sequence[Placed], profile: Profil
     return "; ".join(distinct) or "no placements reported"
 
 
+def no_room(table: ProfileTable, existing: Sequence[Placed], profile: Profile, users: Sequence[str] = (),
+            unbound: int = 0) -> str | None:
+    """Why no GPU instance of `profile` can be made next to `existing`, naming what holds its slices; None
+    when one fits. `users`: the VMs whose MIG-backed vGPUs use this GPU's instances; `unbound`: how many of
+    its instances hold no vGPU (destroying one frees its slices)."""
+    if best_start(table, existing, profile) is not None:
+        return None
+    wanted = {s for start in profile.starts for s in range(start, start + profile.size)}
+    holders = [gi for gi in existing if wanted & set(gi.slices)]
+    free_of_overlap = [s for s in profile.starts
+                       if not any(set(range(s, s + profile.size)) & set(gi.slices) for gi in existing)]
+    if holders and not free_of_overlap:
+        taken = sorted(wanted & {s for gi in holders for s in gi.slices})
+        why = f"slices {_ranges(taken)} taken by {_instances(table, holders)}"
+    else:  # memory is free somewhere: the instance count or the compute slices are what is used up
+        why = next((r for r in (placement_problem(table, existing, profile, s) for s in free_of_overlap) if r),
+                   "no placements reported")
+    if users:
+        why += f"; MIG-backed vGPUs of {', '.join(users)}"
+    if unbound:
+        why += f"; {unbound} GPU instance(s) here hold no vGPU (`vgpumgr mig destroy` frees their slices)"
+    return f"no room for a {profile.name} instance ({why})"
+
+
+def _instances(table: ProfileTable, gis: Sequence[Placed]) -> str:
+    """"4g.40gb (GI 1), 3 x 1g.10gb (GIs 2-4)": GPU instances by profile, in the order of their slices."""
+    by_profile: dict[int, list[Placed]] = {}
+    for gi in sorted(gis, key=lambda g: (g.start, g.id or 0)):
+        by_profile.setdefault(gi.profile_id, []).append(gi)
+    parts = []
+    for pid, group in by_profile.items():
+        p = table.by_id(pid)
+        name = p.name if p else f"profile {pid}"
+        known = [gi.id for gi in group if gi.id is not None]
+        label = f" (GI{'s' if len(known) > 1 else ''} {_ranges(known)})" if known else ""
+        parts.append(f"{len(group)} x {name}{label}" if len(group) > 1 else f"{name}{label}")
+    return ", ".join(parts)
+
+
+def _ranges(slices: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    runs: list[list[int]] = []
+    for s in sorted(slices):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(_span(lo, hi - lo + 1) for lo, hi in runs)
+
+
 def plan(
     table: ProfileTable, existing: Sequence[Placed], profile: Profile, start: int | None = None
 ) -> Placed:

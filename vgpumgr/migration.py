@@ -18,6 +18,7 @@ from lxml import etree
 from vgpumgr import compat, ids
 from vgpumgr.domain import NS, _allocation_element, parse_xml, read_allocations, template
 from vgpumgr.errors import InvalidInput
+from vgpumgr.mig import normalise_profile_name, profile_for_type
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
 
 MIGRATION_KEY = "migration"  # per allocation record: what the source knew (see `source_facts`)
@@ -41,7 +42,19 @@ class IncomingVgpu:
 
     @property
     def mig_profile(self) -> str | None:
-        return self.facts.get("mig_profile") or None
+        """The GPU-instance profile a MIG-backed vGPU needs, from what any libvirt-driven migration carries:
+        NVIDIA's type name (A100D-1-10C: 1g.10gb), the source's facts (`vm migrate`) and vgpumgr's record
+        written when the VM was made; None for a time-sliced vGPU. Malformed or disagreeing: InvalidInput."""
+        by_type = profile_for_type(self.type_name or "")
+        stated = self.facts.get("mig_profile") or self.record.get("mig_profile")
+        if not stated:
+            return by_type
+        stated = normalise_profile_name(str(stated))
+        if by_type and stated != by_type:
+            raise InvalidInput(f"the domain's vgpumgr metadata gives vGPU {self.ref} ({self.type_name}) the MIG "
+                               f"profile {stated}, but its type needs {by_type}",
+                               hint="correct or remove the mig_profile field of the domain's vgpumgr metadata")
+        return stated
 
     def migrating(self) -> compat.MigratingVgpu:
         f = self.facts

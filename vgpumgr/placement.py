@@ -28,6 +28,7 @@ from typing import Any
 from vgpumgr import ids
 from vgpumgr.errors import InvalidInput, NotFound
 from vgpumgr.mig import profile_for_type
+from vgpumgr.mig_facts import MigFacts, users_text
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Inventory, VgpuType
 
 STRATEGIES = ("pack", "spread")
@@ -347,6 +348,7 @@ class Placer:
             if t.type not in cat:
                 self._add_info(model, _cached_info(t))
         self._region_memo: dict[tuple[_Model, str], int | None] = {}
+        self._mig_memo: dict[str, MigFacts | None] = {}
 
     # -- lookups
     def physical(self, parent: str) -> str:
@@ -409,6 +411,13 @@ class Placer:
                          framebuffer_mb=fb, max_instance=maxi)
             if t.type not in self.catalogue.get(model, {}):
                 self._add_info(model, _info_from_type(t))
+
+    def mig_facts(self, phys: str) -> MigFacts | None:
+        """What NVML said of the GPU's MIG mode and instances (None: nothing)."""
+        if phys not in self._mig_memo:
+            g = self.gpus.get(phys)
+            self._mig_memo[phys] = MigFacts.of(g.nvml) if g is not None else None
+        return self._mig_memo[phys]
 
     def info(self, phys: str | None, type_id: str) -> _TypeInfo | None:
         if phys is None:
@@ -692,13 +701,21 @@ def _nvidia_refusal(px: Placer, g: _Group, allocs: list[Allocation], pending: li
         if sliced:
             return f"GPU holds time-sliced vGPUs; MIG-backed {short} needs MIG mode"
         free = free_gis.get(g.phys)
-        if free is None:
-            return f"MIG is not enabled on this GPU; {short} needs a free {info.mig_profile} GPU instance"
-        taken = sum(1 for a in pending if (px.info(g.phys, a.type) or _info_from_allocation(a)).mig_profile
-                    == info.mig_profile)
-        if sum(1 for p in free if p == info.mig_profile) - taken <= 0:
+        facts = px.mig_facts(g.phys)
+        used = [i.mig_profile for _, i in infos if i.mig_profile]
+        if free is None:  # the caller did not say: NVML's instances on the GPU, less those its vGPUs use
+            if facts is None or not facts.enabled:
+                return f"MIG is not enabled on this GPU; {short} needs a free {info.mig_profile} GPU instance"
+            left = facts.free(used).count(info.mig_profile)
+        else:
+            left = free.count(info.mig_profile) - sum(
+                1 for a in pending if (px.info(g.phys, a.type) or _info_from_allocation(a)).mig_profile
+                == info.mig_profile)
+        if left > 0:
+            return None
+        if facts is None or not facts.enabled:
             return f"no free {info.mig_profile} GPU instance"
-        return None
+        return facts.why_none_free(info.mig_profile, users_text(a.vm for a in mig_allocs), len(used))
 
     if mig_allocs or g.phys in free_gis:
         return f"MIG is enabled on this GPU; time-sliced {short} needs MIG off"

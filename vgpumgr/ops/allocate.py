@@ -114,7 +114,8 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
                 s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
                 pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
                 type_name=c.name, series=series, idempotency_key=idempotency_key,
-                detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
+                detail={"framebuffer_mb": fb, "gpu": c.gpu, **_mig_detail(parsed), **(detail or {})},
+                owner=leases.owner_values(svc))
             if lease_id is None or not licensing.share(s, row, lease_id):
                 licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
                                   actor=actor or svc.cfg.actor, host_name=svc.hostname)
@@ -136,6 +137,12 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
     leases.crash_point("created")
     return row, c
 
+
+
+def _mig_detail(parsed: ids.TypeName | None) -> dict[str, str]:
+    """A MIG-backed type's GPU-instance profile, recorded however the vGPU was asked for (`vgpu --type
+    A100D-1-10C` on a free instance as `vm create --mig 1g.10gb`): the free instances are counted by it."""
+    return {"mig_profile": parsed.mig_profile} if parsed is not None and parsed.mig_profile else {}
 
 
 def _decide(svc: Context, s: Session, type_name: str, vm: str | None, policy: Policy,

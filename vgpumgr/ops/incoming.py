@@ -3,15 +3,16 @@ activate them when the domain starts here (docs/sources.md §18).
 
 libvirt's `migrate begin` hook (and `restore begin`) hands the incoming domain XML to `receive`. Per vGPU
 hostdev: an mdev keeps its UUID where that is free here, else gets a new one; an NVIDIA vendor VF becomes a
-free VF of the same type; a MIG-backed vGPU gets a GPU instance of the same profile (made if needed); a
-whole GPU passed through is refused. Only GPUs NVIDIA allows the vGPU to continue on are candidates (NVML's
-compatibility answer, else the documented rules). Everything is reserved or nothing: a refusal names every
-reason and leaves nothing behind. The reservations stay *reserved*, owned by this service with a short lease
-(`VGPUMGR_INCOMING_GRACE`, default 120 s: `migrate begin` and `prepare begin` follow each other at once);
-`arrived` (from `prepare begin`) activates them, still owned until the source's `vm migrate` reports
-success (`settle`) or the lease runs out: the dead-owner check then keeps what a domain here uses and rolls
-back the rest, so a migration that never arrives, or was killed halfway, leaves nothing. A failed migration
-ends with `release end`, which releases them.
+free VF of the same type; a MIG-backed vGPU (known by its type's name, vgpumgr's record or the source's
+facts, so also when plain libvirt, Nova or Proxmox started the migration) gets a GPU instance of the same
+profile (made if needed); a whole GPU passed through is refused. Only GPUs NVIDIA allows the vGPU to continue
+on are candidates (NVML's compatibility answer, else the documented rules). Everything is reserved or nothing:
+a refusal names every reason and leaves nothing behind. The reservations stay *reserved*, owned by this
+service with a short lease (`VGPUMGR_INCOMING_GRACE`, default 120 s: `migrate begin` and `prepare begin`
+follow each other at once); `arrived` (from `prepare begin`) activates them, still owned until the source's
+`vm migrate` reports success (`settle`) or the lease runs out: the dead-owner check then keeps what a domain
+here uses and rolls back the rest, so a migration that never arrives, or was killed halfway, leaves nothing.
+A failed migration ends with `release end`, which releases them.
 
 On a database the source shares (a fleet), each vGPU shares the source allocation's licence seat, and the
 seat moves to the VM's row here when it arrives: a migration never takes a second seat.
@@ -111,7 +112,7 @@ def _reserve_one(svc: Context, domain: str, v: migration.IncomingVgpu, mid: str,
     try:
         if v.mig_profile:
             return mig_ops.allocate_mig(svc, v.mig_profile, vm=domain, policy=policy, actor=actor, detail=detail,
-                                        lease_id=lease_id, activate=False)
+                                        lease_id=lease_id, activate=False, series=_series(v))
         uuid = v.ref if v.kind == BACKEND_MDEV and not _uuid_taken(svc, v.ref) else None
         return alloc.allocate(svc, _placeable(v), vm=domain, uuid=uuid, policy=policy,
                               actor=actor, detail=detail, lease_id=lease_id, activate=False)
@@ -119,6 +120,11 @@ def _reserve_one(svc: Context, domain: str, v: migration.IncomingVgpu, mid: str,
         extra = [f"{g}: {verdict.reason}" for g, verdict in verdicts.items() if not verdict.live]
         raise NoCapacity(e.message + (f"; not allowed for a live migration: {'; '.join(extra)}" if extra else ""),
                          hint=e.hint) from e
+
+
+def _series(v: migration.IncomingVgpu) -> str | None:
+    parsed = ids.parse_type_name(v.type_name or "")
+    return parsed.series if parsed else None
 
 
 def _placeable(v: migration.IncomingVgpu) -> str:
@@ -171,6 +177,7 @@ def _checked(svc: Context, domain: str, xml: str) -> list[migration.IncomingVgpu
         if not (v.type_name or v.record.get("type")):
             raise InvalidInput(f"the domain's {v.kind} {v.ref} carries no vgpumgr record naming its vGPU type",
                                hint="migrate VMs made by vgpumgr, or add the type to the domain's vgpumgr metadata")
+        _ = v.mig_profile  # a malformed or contradictory profile is refused before anything is reserved
         wanted.append(v)
     return wanted
 
@@ -202,7 +209,7 @@ def preflight(svc: Context, domain: str, xml: str) -> dict[str, Any]:
         if not allowed:
             entry.update(ok=False, reason=_refusal(v, verdicts))
         elif v.mig_profile:
-            entry.update(ok=True, gpu=allowed[0], note="a GPU instance of the same profile is reused or made")
+            entry.update(_mig_preflight(svc, domain, v.mig_profile, frozenset(set(verdicts) - set(allowed)), layer))
         else:
             decision = svc.place(_placeable(v), domain,
                                  Policy(deny_gpus=frozenset(set(verdicts) - set(allowed))))
@@ -212,6 +219,17 @@ def preflight(svc: Context, domain: str, xml: str) -> dict[str, Any]:
         out.append(entry)
     return {"vm": domain, "ok": all(e["ok"] for e in out), "vgpus": out,
             "nvml": None if layer is not None and layer.open() else "NVML unavailable here: documented rules apply"}
+
+
+def _mig_preflight(svc: Context, domain: str, profile: str, denied: frozenset[str], layer: Any) -> dict[str, Any]:
+    """Where a MIG-backed vGPU would get its GPU instance here (reused or made), or the true reason why not."""
+    if layer is None or not layer.open():
+        return {"ok": True, "note": "NVML unavailable here: a GPU instance of the same profile is reused or made"}
+    try:
+        gpu, make = mig_ops.choose_gpu(svc, layer, profile, Policy(deny_gpus=denied), domain)
+    except NoCapacity as e:
+        return {"ok": False, "reason": e.message}
+    return {"ok": True, "gpu": gpu, "note": f"a {profile} GPU instance is {'made' if make else 'reused'}"}
 
 
 def receive(svc: Context, domain: str, xml: str, *, actor: str | None = None) -> dict[str, Any]:
@@ -245,12 +263,16 @@ def _reserve_all(svc: Context, domain: str, vgpus: list[migration.IncomingVgpu],
     for stale in _pending(svc, domain, mid):  # a partial earlier attempt: start again from nothing
         _undo(svc, stale, actor)
     made: list[dict[str, Any]] = []
+    mig_layer = _mig_layer(svc) if any(v.mig_profile for v in vgpus) else None
+    instances_before = mig_ops.instance_ids(mig_layer) if mig_layer is not None else set()
     try:
         for v in vgpus:
             made.append(_reserve_one(svc, domain, v, mid, _candidates(svc, v, layer), actor))
     except VgpuError as e:
         for a in made:
             _undo(svc, a, actor)
+        if mig_layer is not None:  # the GPU instances made for this migration go with its vGPUs
+            mig_ops.destroy_made_since(svc, mig_layer, instances_before, actor=actor, vm=domain)
         with svc.tx() as s:
             svc.event(s, INCOMING, FAILED, actor=actor, vm=domain, error=e.message,
                       detail={"migration": mid, "vgpus": [v.as_dict() for v in vgpus]})
@@ -264,6 +286,13 @@ def _reserve_all(svc: Context, domain: str, vgpus: list[migration.IncomingVgpu],
                               "type": a.get("type"), "name": a.get("type_name"),
                               "shared_seat": _source_lease(svc, v.facts) is not None})
     return [{**a, "incoming": {"migration": mid, "source": v.ref}} for v, a in zip(vgpus, made, strict=True)]
+
+
+def _mig_layer(svc: Context) -> Any:
+    try:
+        return svc.nvml()
+    except VgpuError:
+        return None  # no NVML: no GPU instance can be made either (allocate_mig says so)
 
 
 def _undo(svc: Context, a: dict[str, Any], actor: str | None) -> None:

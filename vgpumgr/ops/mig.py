@@ -7,22 +7,26 @@ import dataclasses
 from typing import Any
 
 from vgpumgr.db import store
-from vgpumgr.errors import NoCapacity, VgpuError
+from vgpumgr.errors import NoCapacity
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import boot_records
 from vgpumgr.ops.context import Context, suppress
 from vgpumgr.placement import Policy
 
 
-def _mig_type_name(svc: Context, profile: str, gpu: str | None) -> str:
+def _mig_type_name(svc: Context, profile: str, gpu: str | None, series: str | None = None) -> str:
     from vgpumgr.dryrun import mig_type_name
 
-    return mig_type_name(svc.snapshot().inventory, profile, gpu)[0]
+    return mig_type_name(svc.snapshot().inventory, profile, gpu, series)[0]
+
 
 def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: Policy | None = None,
                  idempotency_key: str | None = None, actor: str | None = None, detail: dict[str, Any] | None = None,
-                 lease_id: int | None = None, activate: bool = True) -> dict[str, Any]:
-    """A MIG-backed vGPU: reuse or create a matching GPU instance, then place the matching type on a VF."""
+                 lease_id: int | None = None, activate: bool = True, series: str | None = None) -> dict[str, Any]:
+    """A MIG-backed vGPU: reuse or create a matching GPU instance, then place the matching type on a VF.
+
+    Only a GPU where the VM has no vGPU yet (NVIDIA: one vGPU of a physical GPU per VM); a free instance
+    before a new one. `series`: the type's series where the profile has types of several (C, Q)."""
     from vgpumgr import mig as mig_plan
 
     profile = mig_plan.normalise_profile_name(profile)
@@ -32,19 +36,16 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
             found = alloc.by_key(svc, idempotency_key)
             if found is not None:
                 return found
+        gpu, make = choose_gpu(svc, layer, profile, policy, vm)
         created = None
-        denied = policy.deny_gpus if policy else frozenset()
-        free = free_gpu_instances(svc, layer)
-        if not any(profile in v for a, v in free.items() if a not in denied):
-            gpu = _gpu_for_new_instance(svc, layer, profile, policy)
+        if make:
             created = layer.create_gpu_instance(gpu, profile)
             svc.host.kernel.gpu_instances_changed(layer)
             svc.invalidate()
             with svc.tx() as s:
                 svc.event(s, "mig.gi.create", actor=actor, gpu=gpu, vm=vm, detail=created)
-            free = free_gpu_instances(svc, layer)
-        gpu = next(a for a in sorted(free) if profile in free[a] and a not in denied)
-        type_name = _mig_type_name(svc, profile, gpu)
+        free = free_gpu_instances(svc, layer)
+        type_name = _mig_type_name(svc, profile, gpu, series)
         pinned = dataclasses.replace(policy or Policy(), pin_gpu=gpu)
         try:
             result = alloc.allocate(svc, type_name, vm=vm, policy=pinned, idempotency_key=idempotency_key,
@@ -59,6 +60,51 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
             raise
         _remember_gpu_instances(svc, layer, gpu, profile)
         return result
+
+
+def choose_gpu(svc: Context, layer, profile: str, policy: Policy | None, vm: str | None  # noqa: ANN001
+               ) -> tuple[str, bool]:
+    """(GPU, whether its GPU instance must be made) for a vGPU needing `profile`; NoCapacity naming each GPU's
+    true reason otherwise (MIG off, no room for the profile and what holds its slices, the policy)."""
+    from vgpumgr.mig_facts import MigFacts, users_text
+
+    free = free_gpu_instances(svc, layer)
+    users = _mig_users(svc)
+    gpus = layer.gpus()
+    reasons: dict[str, str] = {}
+    room: list[str] = []
+    for addr in sorted(gpus):
+        facts = MigFacts.of(gpus[addr])
+        if policy and policy.pin_gpu and policy.pin_gpu != addr:
+            continue
+        if facts is None or not facts.enabled:
+            reasons[addr] = "MIG is not enabled on this GPU"
+        elif policy and addr in policy.deny_gpus:
+            reasons[addr] = "excluded by the policy"
+        elif vm and vm in users.get(addr, []):
+            reasons[addr] = f"VM {vm} already has a vGPU on this GPU"
+        elif profile in free.get(addr, []) or facts.can_make(profile):
+            room.append(addr)
+        else:
+            reasons[addr] = facts.why_none_free(profile, users_text(users.get(addr, [])), len(users.get(addr, [])))
+    if room:
+        gpu = min(room, key=lambda a: (profile not in free.get(a, []), a))  # a free instance first
+        return gpu, profile not in free.get(gpu, [])
+    why = "; ".join(f"{a}: {r}" for a, r in reasons.items()) or "no MIG GPU here"
+    raise NoCapacity(f"no GPU has room for a {profile} GPU instance: {why}",
+                     hint="`vgpumgr mig list` shows the GPU instances; destroy one that holds no vGPU, or choose "
+                          "a smaller profile")
+
+
+def _mig_users(svc: Context) -> dict[str, list[str | None]]:
+    """The VMs of the live MIG-backed vGPUs, by GPU (None: a vGPU without a VM)."""
+    out: dict[str, list[str | None]] = {}
+    with svc.reads() as s:
+        for a in store.live_rows(s, svc.host_id(s)):
+            d = a.detail or {}
+            if d.get("mig_profile") and d.get("gpu"):
+                out.setdefault(d["gpu"], []).append(a.vm_name)
+    return out
 
 
 def _remember_gpu_instances(svc: Context, layer, gpu: str, profile: str) -> None:  # noqa: ANN001
@@ -88,24 +134,26 @@ def free_gpu_instances(svc: Context, layer) -> dict[str, list[str]]:  # noqa: AN
         out[addr] = names
     return out
 
-def _gpu_for_new_instance(svc: Context, layer, profile: str, policy: Policy | None) -> str:  # noqa: ANN001
-    from vgpumgr import mig as mig_plan
 
-    reasons = []
-    for addr in sorted(layer.gpus()):
-        g = layer.gpus()[addr]
-        if (g.get("mig") or {}).get("current") != "enabled":
-            reasons.append(f"{addr}: MIG is off")
-            continue
-        if policy and policy.pin_gpu and policy.pin_gpu != addr:
-            continue
-        if policy and addr in policy.deny_gpus:
-            reasons.append(f"{addr}: excluded by the policy")
-            continue
-        try:
-            table = layer.mig_table(addr)
-            mig_plan.plan(table, layer.gpu_instances(addr), table.find(profile))
-            return addr
-        except VgpuError as e:
-            reasons.append(f"{addr}: {e.message}")
-    raise NoCapacity(f"no GPU has room for a {profile} GPU instance", hint="; ".join(reasons) or "no MIG GPU")
+def instance_ids(layer) -> set[tuple[str, int]]:  # noqa: ANN001
+    """(GPU, GPU-instance id) of every GPU instance NVML reports now."""
+    return {(addr, int(gi["id"])) for addr, g in layer.gpus().items()
+            for gi in (g.get("mig") or {}).get("gpu_instances") or []}
+
+
+def destroy_made_since(svc: Context, layer, before: set[tuple[str, int]], *,  # noqa: ANN001
+                       actor: str | None = None, vm: str | None = None) -> list[tuple[str, int]]:
+    """Destroy the GPU instances made since `before` (for a request that failed as a whole: a refused
+    migration leaves none behind), forgetting them for `restore` too. Returns (GPU, id) of those destroyed."""
+    gone = []
+    for addr, gi in sorted(instance_ids(layer) - before):
+        with suppress():
+            res = layer.destroy_gpu_instance(addr, gi)
+            gone.append((addr, gi))
+            with svc.tx() as s:
+                boot_records.forget_gpu_instance(s, svc.host_id(s), addr, res["start"])
+                svc.event(s, "mig.gi.destroy", actor=actor, gpu=addr, vm=vm, detail=res)
+    if gone:
+        svc.host.kernel.gpu_instances_changed(layer)
+        svc.invalidate()
+    return gone

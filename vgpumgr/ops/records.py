@@ -64,7 +64,8 @@ def hostdev_for(a: dict[str, Any], display: bool):  # noqa: ANN201
 
 def metadata_for(a: dict[str, Any]) -> dict[str, Any]:
     """What the domain's <metadata> carries so the state can be rebuilt from libvirt alone."""
-    keys = ("uuid", "pci_address", "backend", "parent", "gpu", "type", "type_name", "series", "idempotency_key")
+    keys = ("uuid", "pci_address", "backend", "parent", "gpu", "type", "type_name", "series", "idempotency_key",
+            "mig_profile")
     return {k: a[k] for k in keys if a.get(k) is not None}
 
 
