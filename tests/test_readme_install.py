@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import wheels
 
+from vgpumgr.sim import profiles
+
 pytestmark = pytest.mark.postgres
 
 README = wheels.REPO / "README.md"
@@ -39,7 +41,7 @@ def test_readme_install_and_upgrade_lines_work_as_written(tmp_path: Path, pg_ser
     opt = tmp_path / "opt-vgpumgr"
     src = wheels.copy_sources(tmp_path / "src")
     shutil.copy(wheels.REPO / "constraints.txt", src / "constraints.txt")
-    root = tmp_path / "host"
+    root = profiles.create(tmp_path / "host", "t4")  # the host the commands run on (a real host: / itself)
     db = pg_server.create_database("readme")  # type: ignore[attr-defined]
     assert db.startswith("postgresql://")  # the README's URL form, no driver named
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPUMGR_", "PYTHON", "VIRTUAL_ENV"))}
@@ -59,7 +61,6 @@ def test_readme_install_and_upgrade_lines_work_as_written(tmp_path: Path, pg_ser
     freeze = subprocess.run([str(opt / "bin/pip"), "freeze"], capture_output=True, text=True, check=True).stdout
     assert re.search(r"^psycopg==", freeze, re.M) and not re.search(r"^psycopg2", freeze, re.M)
 
-    sh("vgpumgr sim create " + str(root) + " --profile t4")
     upgrade = block_after("The rolling upgrade, on each host in turn")
     assert any("upgrade check" in line for line in upgrade) and any("db upgrade" in line for line in upgrade)
     for line in upgrade:
