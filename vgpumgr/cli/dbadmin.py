@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json
-from vgpumgr.db.schema import who
 from vgpumgr.errors import Conflict
 
 
@@ -54,6 +53,7 @@ def _cfg(args: argparse.Namespace) -> Any:
 
 def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.db import admin
+    from vgpumgr.db.schema import who
     from vgpumgr.ops.context import hostname
 
     cfg = _cfg(args)
