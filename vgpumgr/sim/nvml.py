@@ -39,6 +39,7 @@ import pynvml
 
 from vgpumgr import ids, mig
 from vgpumgr.sim.nvml_migration import VgpuMigration
+from vgpumgr.sim.nvml_placement import VgpuPlacements
 from vgpumgr.sim.nvml_telemetry import VgpuTelemetry
 from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
@@ -205,7 +206,7 @@ def _deref(ref: Any) -> Any:
     return obj
 
 
-class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
+class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry, VgpuPlacements):
     """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
 
     profiles = SIM_PROFILES
@@ -611,19 +612,7 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
         gi = self._type(type_id).gi_profile_id
         return 0xFFFFFFFF if gi is None else gi
 
-    def nvmlDeviceGetVgpuHeterogeneousMode(self, handle: Any) -> int:  # noqa: N802
-        gpu, spec = self._read(handle, "nvmlDeviceGetVgpuHeterogeneousMode")
-        if spec.mig_table and gpu["mig_mode"][0]:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return gpu["heterogeneous_mode"]
-
-    def nvmlDeviceSetVgpuHeterogeneousMode(self, handle: Any, mode: int) -> int:  # noqa: N802
-        with self._mutate() as state:
-            gpu, spec = self._gpu(state, handle, "nvmlDeviceSetVgpuHeterogeneousMode")
-            if spec.mig_table and gpu["mig_mode"][0]:
-                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            gpu["heterogeneous_mode"] = int(bool(mode))
-        return pynvml.NVML_SUCCESS
+    # nvmlDevice{Get,Set}VgpuHeterogeneousMode and the placement calls: vgpumgr.sim.nvml_placement
 
     def nvmlDeviceGetVgpuSchedulerState(self, handle: Any) -> Any:  # noqa: N802
         gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState")
