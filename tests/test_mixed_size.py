@@ -1,0 +1,122 @@
+"""NVIDIA mixed-size vGPU mode end to end on the simulator: `gpu mode`, placement by placement ID with the
+fragmentation named, `--placement-id`, and `restore` after a reboot giving the mode and every placement back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from simhost import run
+from test_cli import golden
+
+from vgpumgr.sim import profiles
+
+L40S = "0000:3d:00.0"
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
+    root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=8)
+    args = ["--sysfs-root", str(root), "--state-dir", str(tmp_path / "state"), "--connect", "test:///default"]
+
+    def call(*argv: str) -> tuple[int, str, str]:
+        return run(*args, *argv)
+
+    call.root = root  # type: ignore[attr-defined]
+    return call
+
+
+def placement_files(root: Path) -> dict[str, str]:
+    out = {}
+    for d in sorted((root / "sys/bus/pci/devices").iterdir()):
+        f = d / "nvidia/placement_id"
+        if f.exists() and f.read_text().strip() != "Not Applicable":
+            out[d.name] = f.read_text().strip()
+    return out
+
+
+def records(cli) -> dict[str, tuple[str, int | None, str]]:  # noqa: ANN001
+    rc, out, err = cli("placements", "--json")
+    assert rc == 0, err
+    return {a["vm"]: (a["type_name"].split()[-1], a.get("placement_id"), a["pci_address"]) for a in json.loads(out)}
+
+
+def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None:  # noqa: ANN001
+    rc, out, err = cli("vm", "create", "vm0", "--vgpu", "L40S-24Q")
+    rc, out, err = cli("vm", "create", "vm0b", "--vgpu", "L40S-12Q")
+    assert rc == 4 and "equal-size mode" in err  # the default mode refuses a second size
+    assert cli("vm", "delete", "vm0")[0] == 0
+    rc, out, err = cli("gpu", "mode", L40S, "--mixed")
+    assert rc == 0 and "mixed-size vGPU mode (was equal)" in out, err
+    for vm, t in (("vm1", "L40S-24Q"), ("vm2", "L40S-12Q"), ("vm3", "L40S-4Q"), ("vm4", "L40S-2Q")):
+        rc, out, err = cli("vm", "create", vm, "--vgpu", t)
+        assert rc == 0, err
+    placed = records(cli)
+    assert {vm: p[:2] for vm, p in placed.items()} == {
+        "vm1": ("L40S-24Q", 0), "vm2": ("L40S-12Q", 24), "vm3": ("L40S-4Q", 36), "vm4": ("L40S-2Q", 40)}
+    # the driver holds what the records say
+    assert placement_files(cli.root) == {p[2]: str(p[1]) for p in placed.values()}
+    # a pinned placement, then the next 4Q is refused with the fragmentation named
+    assert cli("vm", "create", "vm5", "--vgpu", "L40S-2Q", "--placement-id", "46")[0] == 0
+    rc, out, err = cli("vm", "create", "vm6", "--vgpu", "L40S-4Q")
+    assert rc == 4
+    assert ("4 GB free on 0000:3d:00.0 but no 4Q start free (0: L40S-24Q of vm1, 8: L40S-24Q of vm1, "
+            "12: L40S-24Q of vm1, 20: L40S-24Q of vm1, 24: L40S-12Q of vm2, 32: L40S-12Q of vm2, "
+            "36: L40S-4Q of vm3, 44: L40S-2Q of vm5)") in err
+    before = placement_files(cli.root)
+    assert before[records(cli)["vm5"][2]] == "46"
+
+    rc, out, err = cli("sim", "reboot")
+    assert rc == 0 and "mixed-size vGPU mode is off again" in out
+    assert placement_files(cli.root) == {}
+    rc, out, err = cli("restore")
+    assert rc == 0, out + err
+    lines = out.splitlines()
+    order = [next(i for i, line in enumerate(lines) if step in line) for step in ("vfs ", "vgpu-mode", "vf-type")]
+    assert order == sorted(order)  # VFs, then the mode, then the VF types (then placements)
+    assert "give 0000:3d:01.0 placement ID 46 (records)" in out
+    assert placement_files(cli.root) == before
+    rc, out, err = cli("restore")
+    assert rc == 0 and "done" not in out  # nothing left to do
+
+
+def test_explain_names_the_fragmentation_golden(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    for vm, t, at in (("vm7", "L40S-2Q", "0"), ("vm9", "L40S-2Q", "24"), ("vm8", "L40S-16Q", "32"),
+                      ("vm6", "L40S-4Q", "12")):
+        rc, _, err = cli("vm", "create", vm, "--vgpu", t, "--placement-id", at)
+        assert rc == 0, err
+    rc, out, err = cli("place", "--type", "L40S-24Q", "--explain")
+    assert rc == 4
+    assert "24 GB free on 0000:3d:00.0 but no 24Q start free (0: L40S-2Q of vm7, 24: L40S-2Q of vm9)" in out
+    golden("mixed-size-explain.txt", out)
+
+
+def test_gpu_mode_refusals_are_reasons_and_audited(cli) -> None:  # noqa: ANN001
+    assert cli("vm", "create", "a", "--vgpu", "L40S-2Q")[0] == 0
+    rc, out, err = cli("gpu", "mode", L40S, "--mixed")
+    assert rc == 4 and "holds 1 vGPU(s) (0000:3d:00.4)" in err and "release its vGPUs first" in err
+    rc, out, err = cli("gpu", "mode", "0000:3e:00.0", "--mixed")
+    assert rc == 3
+    rc, out, err = cli("gpu", "mode", "bogus", "--mixed")
+    assert rc == 2
+    assert cli("vm", "delete", "a")[0] == 0
+    assert cli("sriov", "set", L40S, "0", "--allow-nvidia")[0] == 0  # without VFs, no HETEROGENEOUS_TIMESLICE_SIZES
+    rc, out, err = cli("gpu", "mode", L40S, "--mixed")
+    assert rc == 4 and "HETEROGENEOUS_TIMESLICE_SIZES" in err and "sriov-manage -e" in err
+    rc, out, err = cli("audit", "--json")
+    events = [e for e in json.loads(out) if e["action"] == "gpu.mode"]
+    assert [e["outcome"] for e in events] == ["failed", "failed", "failed"]
+
+
+def test_pinned_placement_refusals(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    rc, _, err = cli("vm", "create", "a", "--vgpu", "L40S-24Q", "--placement-id", "12")
+    assert rc == 4 and "placement ID 12 is not a start of L40S-24Q (its IDs: 0, 24)" in err
+    assert cli("vm", "create", "a", "--vgpu", "L40S-24Q", "--placement-id", "24")[0] == 0
+    rc, _, err = cli("vm", "create", "b", "--vgpu", "L40S-12Q", "--placement-id", "36")
+    assert rc == 4 and "placement ID 36 of L40S-12Q is taken (36: L40S-24Q of a)" in err
+    rc, _, err = cli("vm", "create", "b", "--vgpu", "L40S-12Q", "--placement-id", "300")
+    assert rc == 2 and "not a placement ID" in err
