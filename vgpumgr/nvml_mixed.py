@@ -49,12 +49,12 @@ def _placements(n: Any, name: str, handle: Any, type_id: int, **kwargs: Any) -> 
 
 def read(n: Any, handle: Any, type_ids: list[int]) -> dict[str, Any]:
     """{"capable", "mode", "types": {type id: {"placement_size", "supported", "creatable"}}}: None where
-    NVML does not say. Per-type placements are read only on a GPU that has the capability."""
+    NVML does not say. Per-type placements are read only on a GPU in mixed-size mode."""
     cap = _call(n, "nvmlDeviceGetVgpuCapabilities", handle, CAP_HETEROGENEOUS_SIZES)
     raw = _call(n, "nvmlDeviceGetVgpuHeterogeneousMode", handle)
     mode = None if raw is None else (MIXED if int(raw) == MODE_ENABLED else EQUAL)
     out: dict[str, Any] = {"capable": None if cap is None else bool(cap), "mode": mode, "types": {}}
-    if not cap:
+    if not cap or mode != MIXED:  # placements matter (and are read) in mixed-size mode only
         return out
     for tid in type_ids:
         sup = _placements(n, "nvmlDeviceGetVgpuTypeSupportedPlacements", handle, tid,

@@ -121,7 +121,8 @@ class VgpuPlacements:
         if drv is None or type_id not in spec_types or t.gi_profile_id is not None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         lst = ref._obj if hasattr(ref, "_obj") else ref
-        dt = next(c for c in drv["catalog"] if c["id"] == type_id)
+        dt = next((c for c in drv["catalog"] if c["id"] == type_id),
+                  {"id": type_id, "framebuffer_mb": t.framebuffer_mb, "max_instance": t.max_instances})
         mode = getattr(lst, "mode", HETEROGENEOUS_MODE) if lst.version >> 24 >= 2 else HETEROGENEOUS_MODE
         if creatable:
             mixed = bool(drv.get("heterogeneous"))
