@@ -120,3 +120,31 @@ def test_pinned_placement_refusals(cli) -> None:  # noqa: ANN001
     assert rc == 4 and "placement ID 36 of L40S-12Q is taken (36: L40S-24Q of a)" in err
     rc, _, err = cli("vm", "create", "b", "--vgpu", "L40S-12Q", "--placement-id", "300")
     assert rc == 2 and "not a placement ID" in err
+
+
+def test_capacity_and_slot_map_count_creatable_placements(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    for vm, at in (("vm7", "0"), ("vm9", "24")):
+        assert cli("vm", "create", vm, "--vgpu", "L40S-2Q", "--placement-id", at)[0] == 0
+    rc, out, err = cli("gpu", "slots", L40S, "--json")
+    assert rc == 0, err
+    m = json.loads(out)
+    assert m["mode"] == "mixed" and m["used_gb"] == 4
+    assert [(v["placement_id"], v["vgpu"]) for v in m["vgpus"]] == [(0, "L40S-2Q of vm7"), (24, "L40S-2Q of vm9")]
+    by_name = {t["name"].split()[-1]: t for t in m["types"]}
+    assert by_name["L40S-24Q"]["creatable"] == [] and by_name["L40S-16Q"]["creatable"] == [32]
+    assert by_name["L40S-12Q"]["creatable"] == [12, 36]
+    rc, out, err = cli("gpu", "slots", L40S)
+    assert "map  AA" in out and "L40S-24Q" in out
+    # the fleet's capacity rows: 44 GB free, yet no 24Q and one 16Q
+    from vgpumgr.config import Config
+    from vgpumgr.fleet.capacity import host_capacity
+    from vgpumgr.ops.allocate import live_records
+    from vgpumgr.service import Service
+
+    svc = Service(Config.resolve(sysfs_root=str(cli.root), state_dir=str(cli.root.parent / "state"),
+                                 connect="test:///default"), licence_mode="off")
+    with svc.reads() as s:
+        rows = host_capacity(svc.snapshot().placer, live_records(svc, s), only=[L40S])
+    free = {t.short: t.free for t in rows[0].types}
+    assert free["L40S-24Q"] == 0 and free["L40S-16Q"] == 1 and free["L40S-12Q"] == 2 and free["L40S-2Q"] == 6  # 14 placements, 6 free VFs

@@ -117,3 +117,24 @@ def mixed_choice(px: Any, g: Any, allocs: Sequence[Any], policy: Any) -> str | t
     best = pid.choose(region, catalogue(px, g.phys, region), occupied, free, size)
     assert best is not None
     return best
+
+
+def is_mixed(gpu: Any) -> bool:
+    """NVML says this GPU is in mixed-size mode (discovery's facts on the inventory's GPU)."""
+    vgpu = ((gpu.nvml or {}).get("vgpu") if gpu is not None else None) or {}
+    return isinstance(vgpu, Mapping) and (vgpu.get("mixed_size") or {}).get("mode") == "mixed"
+
+
+def free_count(px: Any, phys: str, info: Any, allocs: Sequence[Any]) -> int:
+    """How many more vGPUs of `info` fit now, counted by creatable placement IDs (not framebuffer)."""
+    region_mb = px.region_mb(phys, info.name)
+    if not region_mb:
+        return 0
+    region = region_mb // 1024
+    size, ids = _slots(px, phys, info, region)
+    taken = held(px, phys, region, allocs)
+    count, end = 0, -1
+    for p in pid.creatable(region, ids, size, [(s, n) for s, n, _ in taken]):
+        if p >= end:  # one type's placements have one size: the earliest-ending pick is a maximum set
+            count, end = count + 1, p + size
+    return min(count, max(0, pid.MAX_PER_GPU - len(taken)))
