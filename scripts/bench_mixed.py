@@ -3,7 +3,7 @@
 
 Rows, per trace: (a) equal-size mode (one size per GPU at a time), (b) mixed-size mode with the driver's own
 choice (first GPU that can, first creatable placement ID), (c) mixed-size mode with vgpumgr's policy (the
-placement ID that costs the larger types least, the GPU where that cost is least, then the fullest), and
+fullest GPU that can take it, as `pack` does, and there the placement ID that costs the larger types least), and
 (d) the exact offline optimum for the trace's prefix: an exhaustive search for the longest prefix of arrivals
 that some placement accepts in full (the physical limit; symmetric GPUs and repeated states are pruned).
 
@@ -105,7 +105,7 @@ def vgpumgr_policy(region: int) -> Callable[[list[Gpu], int], tuple[int, int] | 
             got = pid.choose(region, types, occupied, table[size], size)
             if got is None:
                 continue
-            key = (got[1], -sum(s for _, s in occupied), i)  # least cost, then the fullest GPU (pack)
+            key = (-sum(s for _, s in occupied), got[1], i)  # the fullest GPU (pack), then the least cost
             if best is None or key < best[0]:
                 best = (key, i, got[0])
         return None if best is None else (best[1], best[2])

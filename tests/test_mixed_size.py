@@ -148,3 +148,34 @@ def test_capacity_and_slot_map_count_creatable_placements(cli) -> None:  # noqa:
         rows = host_capacity(svc.snapshot().placer, live_records(svc, s), only=[L40S])
     free = {t.short: t.free for t in rows[0].types}
     assert free["L40S-24Q"] == 0 and free["L40S-16Q"] == 1 and free["L40S-12Q"] == 2 and free["L40S-2Q"] == 6  # 14 placements, 6 free VFs
+
+
+def test_rest_sets_the_mode_and_shows_the_slots(tmp_path: Path) -> None:
+    from test_api import make_env, problem
+
+    env, client = make_env(tmp_path, "l40s-vfio")
+    with client:
+        url = f"/v1/gpus/{L40S}/vgpu-mode"
+        assert client.put(url, json={"mode": "mixed"}, headers=env.as_("operator")).status_code == 403
+        problem(client.put(url, json={"mode": "odd"}, headers=env.as_("admin")), 422)
+        problem(client.put("/v1/gpus/zz/vgpu-mode", json={"mode": "mixed"}, headers=env.as_("admin")), 422)
+        r = client.put(url, json={"mode": "mixed"}, headers=env.as_("admin"))
+        assert r.status_code == 200 and r.json() == {"gpu": L40S, "mode": "mixed", "before": "equal", "changed": True}
+        slots = client.get(f"/v1/gpus/{L40S}/slots", headers=env.as_("auditor")).json()
+        assert slots["mode"] == "mixed" and slots["vgpus"] == [] and slots["region_gb"] == 48
+        env.service.allocate("L40S-2Q", vm="a")
+        body = problem(client.put(url, json={"mode": "equal"}, headers=env.as_("admin")), 409)
+        assert "release its vGPUs first" in json.dumps(body)
+
+
+def test_compact_plans_the_fewest_moves(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    for vm, t, at in (("vm7", "L40S-2Q", "0"), ("vm9", "L40S-2Q", "24"), ("vm8", "L40S-2Q", "28")):
+        assert cli("vm", "create", vm, "--vgpu", t, "--placement-id", at)[0] == 0
+    rc, out, err = cli("gpu", "compact", L40S, "--for", "L40S-24Q", "--json")
+    p = json.loads(out)
+    # start 0 needs one move (vm7), start 24 two (vm9, vm8): the plan takes 0; no fleet, so no destination
+    assert p["start"] == 0 and [mv["vm"] for mv in p["moves"]] == ["vm7"]
+    assert rc == 4 and not p["feasible"] and "no destination for vm7" in p["why"]
+    rc, out, _ = cli("gpu", "compact", L40S, "--for", "L40S-12Q")
+    assert rc == 0 and "placement ID 12 is free already" in out

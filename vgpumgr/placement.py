@@ -637,7 +637,8 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
             " (not the preferred node)" if numa_miss else " (preferred)")
     if free_vfs is not None:
         why += f"; {free_vfs} of {len(px.vfs_of.get(g.phys, []))} VFs free, lowest taken"
-    order = (numa_miss, cost, -share if policy.strategy == "pack" else share, g.phys, parent, info.type)
+    # mixed-size mode: the strategy picks the GPU, the placement's cost breaks its ties (bench_mixed.py)
+    order = (numa_miss, -share if policy.strategy == "pack" else share, cost, g.phys, parent, info.type)
     listed_backend = g.listed[0].backend if g.listed else info.backend
     return order, Candidate(g.phys if gpu else None, parent, info.type, info.name, listed_backend, numa,
                             round(share, 4), free_vfs, why, placement_id)
