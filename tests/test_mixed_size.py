@@ -180,3 +180,58 @@ def test_compact_plans_the_fewest_moves(cli) -> None:  # noqa: ANN001
     assert rc == 4 and not p["feasible"] and "no destination for vm7" in p["why"]
     rc, out, _ = cli("gpu", "compact", L40S, "--for", "L40S-12Q")
     assert rc == 0 and "placement ID 12 is free already" in out
+
+
+def _cli_for(tmp_path: Path, root: Path):  # noqa: ANN202
+    args = ["--sysfs-root", str(root), "--state-dir", str(tmp_path / "state"), "--connect", "test:///default"]
+    return lambda *argv: run(*args, *argv)
+
+
+def test_mdev_backend_a40_mixed_sizes_and_restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpumgr.sim.nvml import create_state
+    from vgpumgr.sim.paths import nvml_state_path
+
+    monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
+    root = profiles.create(tmp_path / "sim", "a40-sriov", vfs=4)
+    create_state(nvml_state_path(root), [("a40", "0000:41:00.0")])
+    cli = _cli_for(tmp_path, root)
+    assert cli("gpu", "mode", "0000:41:00.0", "--mixed")[0] == 0
+    for vm, t in (("a", "A40-16Q"), ("b", "A40-8Q"), ("c", "A40-1Q")):
+        rc, _, err = cli("vm", "create", vm, "--vgpu", t)
+        assert rc == 0, err
+    placed = {a["vm"]: (a["uuid"], a["placement_id"]) for a in json.loads(cli("placements", "--json")[1])}
+    held = {u: (root / "sys/bus/mdev/devices" / u / "nvidia/placement_id").read_text().strip()
+            for u, _ in placed.values()}
+    assert held == {u: str(p) for u, p in placed.values()}
+    ids = {vm: p for vm, (_, p) in placed.items()}
+    assert ids["a"] in (0, 32) and ids["b"] in (0, 16, 24, 40)
+    assert cli("sim", "reboot")[0] == 0
+    rc, out, err = cli("restore")
+    assert rc == 0 and "set mixed-size vGPU mode" in out, out + err
+    assert {u: (root / "sys/bus/mdev/devices" / u / "nvidia/placement_id").read_text().strip()
+            for u, _ in placed.values()} == held
+
+
+def test_r550_asks_through_vgpu_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json as _json
+
+    from vgpumgr.host import SIM_MARKER
+
+    monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
+    root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=0)
+    state = _json.loads((root / SIM_MARKER).read_text())
+    state["gpus"][L40S]["driver_branch"] = 550  # vGPU 17: no placement_id file
+    (root / SIM_MARKER).write_text(_json.dumps(state))
+    cli = _cli_for(tmp_path, root)
+    assert cli("sriov", "set", L40S, "4", "--allow-nvidia")[0] == 0
+    vf = root / "sys/bus/pci/devices/0000:3d:00.4"
+    assert not (vf / "nvidia/placement_id").exists()
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    assert cli("vm", "create", "a", "--vgpu", "L40S-2Q", "--placement-id", "22")[0] == 0
+    assert (vf / "nvidia/vgpu_params").read_text().strip() == "vgpu-placement-id=22"
+    rc, out, _ = cli("place", "--type", "L40S-24Q", "--explain")  # the record says where it is: 24Q only at 24
+    assert "placement 24" in out
+    assert cli("sim", "reboot")[0] == 0
+    rc, out, err = cli("restore")
+    assert rc == 0 and "give 0000:3d:00.4 placement ID 22" in out, out + err
+    assert (vf / "nvidia/vgpu_params").read_text().strip() == "vgpu-placement-id=22"

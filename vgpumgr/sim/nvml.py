@@ -107,6 +107,11 @@ SIM_PROFILES: dict[str, GpuSpec] = {
               + _mig_types("NVIDIA H100XM-", "h100-80gb", ((1130, "1-10CME"), (1131, "1-10C"), (1132, "1-20C"),
                                                             (1133, "2-20C"), (1134, "3-40C"), (1135, "4-40C"),
                                                             (1136, "7-80C"))))),
+    # an A40 with NVML (not in the a40-sriov profile by default; tests of mixed-size mode on mdev add it)
+    "a40": GpuSpec(
+        "NVIDIA A40", (0x10DE, 0x2235), (0x10DE, 0x145A), 46068, None, (0, 0), False,
+        tuple(_timesliced("NVIDIA A40", 555, (1, 2), "B", 48)
+              + _timesliced("NVIDIA A40", 557, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "Q", 48))),
     "l40s": GpuSpec(
         "NVIDIA L40S", (0x10DE, 0x26B9), (0x10DE, 0x1851), 46068, None, (0, 0), False,
         tuple(_timesliced("NVIDIA L40S", 1145, (1, 2), "B", 48)
