@@ -235,3 +235,49 @@ def test_r550_asks_through_vgpu_params(tmp_path: Path, monkeypatch: pytest.Monke
     rc, out, err = cli("restore")
     assert rc == 0 and "give 0000:3d:00.4 placement ID 22" in out, out + err
     assert (vf / "nvidia/vgpu_params").read_text().strip() == "vgpu-placement-id=22"
+
+
+def test_real_h100_without_a_vgpu_manager_is_unknown_not_an_error() -> None:
+    """Replays what NVML answered on the lent H100 (driver 580.159.04, passthrough, MIG off;
+    tests/fixtures/nvml/h100-mixed.json, from scripts/nvml_mixed_check.py): every mixed-size call NotSupported."""
+    import pynvml
+
+    from vgpumgr import nvml_mixed
+    from vgpumgr.errors import Conflict
+    from vgpumgr.nvml import nvml_error
+
+    rec = json.loads((Path(__file__).parent / "fixtures/nvml/h100-mixed.json").read_text())
+    [(_bus, gpu)] = rec["gpus"].items()
+    raw = gpu["raw"]
+
+    class Replay:
+        NVMLError = pynvml.NVMLError
+
+        def _answer(self, key: str) -> object:
+            a = raw[key]
+            if "error" in a:
+                raise pynvml.NVMLError(a["error"])
+            return a["value"]
+
+        def nvmlDeviceGetVgpuCapabilities(self, _h: object, cap: int) -> object:  # noqa: N802
+            return self._answer(f"nvmlDeviceGetVgpuCapabilities({cap})")
+
+        def nvmlDeviceGetVgpuHeterogeneousMode(self, _h: object) -> object:  # noqa: N802
+            return self._answer("nvmlDeviceGetVgpuHeterogeneousMode")
+
+        def nvmlDeviceSetVgpuHeterogeneousMode(self, _h: object, _mode: int) -> object:  # noqa: N802
+            raise pynvml.NVMLError(raw["nvmlDeviceGetVgpuHeterogeneousMode"]["error"])
+
+        def nvmlVgpuInstanceGetPlacementId(self, _i: object) -> object:  # noqa: N802
+            return self._answer("nvmlVgpuInstanceGetPlacementId(1)")
+
+    n = Replay()
+    assert {k for k, a in raw.items() if a.get("error") == pynvml.NVML_ERROR_NOT_SUPPORTED} >= {
+        "nvmlDeviceGetVgpuCapabilities(2)", "nvmlDeviceGetVgpuHeterogeneousMode"}
+    assert nvml_mixed.read(n, object(), [1131]) == {"capable": None, "mode": None, "types": {}}
+    assert nvml_mixed.instance_placement(n, 1) is None
+    try:
+        nvml_mixed.set_mode(n, object(), True)
+    except pynvml.NVMLError as exc:
+        err = nvml_error(exc, "setting the vGPU mode of 0000:00:06.0")
+    assert isinstance(err, Conflict) and "does not support it" in (err.hint or "")
