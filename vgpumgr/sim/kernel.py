@@ -250,6 +250,8 @@ class KernelEmulator:
         if not pf or not type_dir.startswith("nvidia-"):
             return
         gpu = tree.state["gpus"][pf]
+        if not gpu.get("arch"):  # a GPU without placement IDs (T4): no placement_id file is simulated
+            return
         params = f"{device_dir}/nvidia/vgpu_params"
         wanted = simplace.params_placement(read_text(params)) if os.path.exists(params) else None
         try:
