@@ -281,3 +281,8 @@ def test_real_h100_without_a_vgpu_manager_is_unknown_not_an_error() -> None:
     except pynvml.NVMLError as exc:
         err = nvml_error(exc, "setting the vGPU mode of 0000:00:06.0")
     assert isinstance(err, Conflict) and "does not support it" in (err.hint or "")
+
+
+def test_a_pinned_placement_needs_mixed_size_mode(cli) -> None:  # noqa: ANN001
+    rc, _, err = cli("vm", "create", "a", "--vgpu", "L40S-2Q", "--placement-id", "4")
+    assert rc == 4 and "placement ID 4 asked for, but 0000:3d:00.0 is not in mixed-size mode" in err

@@ -614,6 +614,8 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
         region = px.region_mb(g.phys, info.name) or max(used_mb + (info.framebuffer_mb or 0), 1)
         share = min(used_mb / region, 1.0)
         usage = f"{len(allocs)} vGPU(s), {used_mb}/{region} MB"
+        if policy.placement_id is not None and not px.mixed(g, policy):
+            return f"placement ID {policy.placement_id} asked for, but {g.phys} is not in mixed-size mode"
         if px.mixed(g, policy) and not info.mig_profile:
             found = mixed_choice(px, g, allocs, policy)
             if isinstance(found, str):

@@ -53,7 +53,12 @@ def set_mode(svc: Context, gpu: str, mode: str, *, actor: str | None = None) -> 
     gpu = ids.pci_address(gpu)
     if mode not in (MIXED, EQUAL):
         raise ValueError(mode)
-    layer = svc.nvml()
+    if svc.snapshot().inventory.gpu(gpu) is None:
+        raise NotFound(f"no GPU {gpu}", hint="`vgpumgr gpus` lists the GPUs")
+    try:
+        layer = svc.nvml()
+    except VgpuError as e:
+        raise Unavailable(f"NVML is not available, so the vGPU mode of {gpu} cannot be set", hint=e.hint) from e
     with svc.locked():
         before = facts(layer, gpu)["mixed_size"].get("mode")
         err = refusal(svc, layer, gpu, mode)
