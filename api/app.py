@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Response
 from sqlalchemy import text
 
-from api import problems, routes_admin, routes_fleet, routes_inventory, routes_telemetry, routes_vms, ui
+from api import problems, routes_admin, routes_fleet, routes_inventory, routes_mixed, routes_telemetry, routes_vms, ui
 from api.deps import service as service_dep
 from api.metrics import Metrics
 from api.watch import InventoryWatcher
@@ -76,6 +76,7 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
     app.include_router(routes_admin.router)
     app.include_router(routes_fleet.router)
     app.include_router(routes_telemetry.router)
+    app.include_router(routes_mixed.router)
     app.include_router(ui.router)
 
     @app.get("/v1/health", tags=["health"])

@@ -2,7 +2,7 @@
 """Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
 comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
 
-    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet]
+    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet,mixed]
 
 Takes several minutes (the fleet's 1,000 hosts about two of them; `--quick` about half). The benchmarks
 are the scripts beside this one, run as separate processes with --json; a benchmark that cannot run (no
@@ -226,6 +226,22 @@ def telemetry_rows(samples: int) -> list[Row]:
                     f" (p50 {r['scrape_p50_ms']:.1f} ms, {r['scrape_bytes'] / 1e3:.0f} kB)")]
 
 
+def mixed_rows(seeds: int) -> list[Row]:
+    """Mixed-size vGPU packing (bench_mixed.py): VMs placed before the first refusal, vgpumgr's policy (c) over
+    the driver's first-free (b), summed over the seeded traces of each GPU size and mix."""
+    r, why = bench("bench_mixed.py", "--seeds", str(seeds), timeout=900)
+    what = "mixed-size packing: VMs before the first refusal, (c) vgpumgr vs (b) driver first-free"
+    if r is None:
+        return [skipped(what, ">= +10 % on mixed traces", why)]
+    rows = []
+    for key, v in sorted(r.items()):
+        target = 1.0 if key.endswith("one") else 1.10
+        ratio = v["c"] / max(v["b"], 1)
+        rows.append(Row(f"{what}, 8 x {key.replace('-', ' GB ', 1)}", f"{v['c']} vs {v['b']} (optimum >= {v['d']})",
+                        f">= {target:.2f} x (b)", f"{ratio / target:.2f}", "met" if ratio >= target else "MISSED"))
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     head = Row("what", "measured", "target", "ratio", "verdict")
     cols = list(zip(*[(r.what, r.measured, r.target, r.ratio, r.verdict) for r in [head, *rows]], strict=True))
@@ -242,7 +258,7 @@ def table(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
-    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet",
+    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet,mixed",
                     help="comma-separated subset")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args()
@@ -267,6 +283,8 @@ def main() -> int:
         rows += telemetry_rows(5 if a.quick else 20)
     if "fleet" in only:
         rows += fleet_rows(100 if a.quick else 200, 40 if a.quick else 100)
+    if "mixed" in only:
+        rows += mixed_rows(1 if a.quick else 2)
     if a.json:
         print(json.dumps([r.__dict__ for r in rows]))
     else:

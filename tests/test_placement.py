@@ -138,7 +138,8 @@ CASES = [
          policy=Policy(mixed_size_gpus=[L40S]), reasons={L40S: "mixed-size mode: 48 of 48 GB in use"}),
     # 16Q may only sit at 0 or 32: both taken, although 16 GB (16..32) are still free
     Case("l40s-mixed-size-no-placement", host(fill(L40S, "L40S-16Q", 2), gpus="l40s-mixed"), "L40S-16Q",
-         policy=Policy(mixed_size_gpus=[L40S]), reasons={L40S: "no free placement for L40S-16Q"}),
+         policy=Policy(mixed_size_gpus=[L40S]),
+         reasons={L40S: "16 GB free on 0000:3d:00.0 but no 16Q start free (0: L40S-16Q"}),
     Case("l40s-mixed-size-placement-left", host(fill(L40S, "L40S-16Q", 2), gpus="l40s-mixed"), "L40S-8Q",
          policy=Policy(mixed_size_gpus=[L40S]), parent=L40S_VFS[2]),
     # -- H100 with MIG-backed types

@@ -94,9 +94,10 @@ class Mdev:
     type: str
     iommu_group: int | None
     gpu: str | None = None
+    placement_id: int | None = None  # mixed-size mode: its nvidia/placement_id (R570+), None when not known
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return _without_unknown_placement(asdict(self))
 
 
 @dataclass
@@ -107,9 +108,16 @@ class VfVgpu:
     type: str  # nvidia-<id>
     name: str | None
     gpu: str  # physfn
+    placement_id: int | None = None  # its nvidia/placement_id (R570+), None when not known
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return _without_unknown_placement(asdict(self))
+
+
+def _without_unknown_placement(d: dict[str, Any]) -> dict[str, Any]:
+    if d.get("placement_id") is None:
+        d.pop("placement_id", None)
+    return d
 
 
 @dataclass

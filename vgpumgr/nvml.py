@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from vgpumgr import ids, mig
+from vgpumgr import ids, mig, nvml_mixed
 from vgpumgr.errors import (
     Busy,
     Conflict,
@@ -295,6 +295,7 @@ class NvmlLayer:
             "supported_types": [self._vgpu_type(handle, t) for t in supported or []],
             "creatable_type_ids": list(creatable) if creatable is not None else None,
             "heterogeneous_mode": None if hetero is None else bool(hetero),
+            "mixed_size": nvml_mixed.read(n, handle, [int(t) for t in supported or []]),
             "scheduler": self._scheduler(handle, absent),
         }
 
@@ -420,6 +421,15 @@ class NvmlLayer:
             state["hint"] = ("the change is pending: stop every process on the GPU "
                              "and reset it (nvidia-smi -r)")
         return state
+
+    def set_vgpu_mode(self, address: str, mixed: bool) -> str:
+        """Mixed-size (heterogeneous) or equal-size vGPU mode; returns the mode NVML reads back."""
+        self._require()
+        with self._errors(f"setting the vGPU mode of {address}"):
+            handle = self._handle(address)
+            nvml_mixed.set_mode(self.nvml, handle, mixed)
+        facts = nvml_mixed.read(self.nvml, handle, [])
+        return facts["mode"] or "unknown"
 
     def create_gpu_instance(self, address: str, profile: str | int, start: int | None = None,
                             compute_instance: bool = False) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 from vgpumgr import ids
@@ -30,6 +30,7 @@ from vgpumgr.errors import InvalidInput, NotFound
 from vgpumgr.mig import profile_for_type
 from vgpumgr.mig_facts import MigFacts, users_text
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Inventory, VgpuType
+from vgpumgr.placement_mixed import mixed_choice
 
 STRATEGIES = ("pack", "spread")
 # time-sliced vGPUs per physical GPU are capped at 32 by the driver (docs/sources.md §5)
@@ -54,6 +55,7 @@ class Allocation:
     backend: str
     id: str
     name: str | None = None  # type name when known: GRID T4-4Q
+    placement_id: int | None = None  # mixed-size mode: its placement ID (GB offset), when known
 
     @cached_property
     def parsed(self) -> ids.TypeName | None:
@@ -97,6 +99,7 @@ class Policy:
     deny_models: tuple[str, ...] = ()
     deny_gpus: frozenset[str] = frozenset()
     mixed_size_gpus: frozenset[str] = frozenset()
+    placement_id: int | None = None  # mixed-size mode: pin the vGPU's placement ID (GB offset)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -104,6 +107,10 @@ class Policy:
                                hint="use pack (fill one GPU before the next) or spread (least loaded first)")
         if self.numa is not None and (not isinstance(self.numa, int) or self.numa < 0):
             raise InvalidInput(f"'{self.numa}' is not a NUMA node", hint="give a node number such as 0 or 1")
+        if self.placement_id is not None and (isinstance(self.placement_id, bool) or not isinstance(
+                self.placement_id, int) or not 0 <= self.placement_id < 256):
+            raise InvalidInput(f"'{self.placement_id}' is not a placement ID",
+                               hint="give a GB offset such as 0 or 24; `vgpumgr types --json` lists each type's IDs")
         setter = object.__setattr__
         if self.pin_gpu is not None:
             setter(self, "pin_gpu", ids.pci_address(self.pin_gpu))
@@ -145,6 +152,7 @@ class Candidate:
     load: float  # share of the GPU (or parent) in use before this vGPU, 0..1
     free_vfs: int | None  # SR-IOV GPUs: free VFs before this vGPU
     why: str  # what made it rank where it did
+    placement_id: int | None = None  # mixed-size mode: the placement ID to give the vGPU
 
 
 @dataclass(frozen=True)
@@ -264,34 +272,11 @@ def _info_from_allocation(a: Allocation) -> _TypeInfo:
 # -- mixed-size placement IDs (docs/sources.md §5, simplified, pre-Blackwell) ----------------------
 
 
-@lru_cache(maxsize=1024)
 def mixed_size_placements(region_gb: int, size_gb: int, max_instance: int) -> tuple[int, ...]:
-    """Placement IDs (GB offsets) a type may use in mixed-size mode.
+    """Placement IDs (GB offsets) a type may use in mixed-size mode (vgpumgr.placement_ids.supported)."""
+    from vgpumgr.placement_ids import supported
 
-    The region is halved recursively down to sixteenths. A type whose max_instance is twice the
-    partition count gets a left- and a right-aligned slot in each partition; a type whose
-    max_instance is not a power of two gets one slot per partition at the level of the largest
-    power of two below it, alternating sides. The 1 GB deny lists of Ada/Hopper are not applied."""
-    if size_gb <= 0 or size_gb > region_gb or max_instance <= 0:
-        return ()
-    level = 1
-    while level * 2 <= max_instance:
-        level *= 2
-    one_per_partition = level if level < max_instance else None
-    found: set[int] = set()
-    stack = [(0, region_gb, 1, True)]
-    while stack:
-        lo, hi, parts, is_left = stack.pop()
-        if parts > 16:
-            continue
-        if parts * 2 == max_instance:
-            found.update((lo, hi - size_gb))
-        elif parts == one_per_partition or (parts == 1 and max_instance == 1):
-            found.add(lo if is_left else hi - size_gb)
-        mid = (lo + hi) // 2
-        stack.append((lo, mid, parts * 2, True))
-        stack.append((mid, hi, parts * 2, False))
-    return tuple(sorted(p for p in found if 0 <= p and p + size_gb <= region_gb))
+    return supported(region_gb, size_gb, max_instance)
 
 
 # -- the per-inventory index ----------------------------------------------------------------------
@@ -419,6 +404,15 @@ class Placer:
             self._mig_memo[phys] = MigFacts.of(g.nvml) if g is not None else None
         return self._mig_memo[phys]
 
+    def mixed(self, g: _Group, policy: Policy) -> bool:
+        """Is this GPU in mixed-size mode (NVML says so, or the policy names it)?"""
+        if g.phys in policy.mixed_size_gpus:
+            return g.sriov
+        gpu = self.gpus.get(g.phys)
+        vgpu = (gpu.nvml or {}).get("vgpu") if gpu else None
+        facts = vgpu.get("mixed_size") if isinstance(vgpu, Mapping) else None
+        return isinstance(facts, Mapping) and facts.get("mode") == "mixed"
+
     def info(self, phys: str | None, type_id: str) -> _TypeInfo | None:
         if phys is None:
             return None
@@ -432,7 +426,7 @@ class Placer:
             info = self.info(phys, m.type)
             gpu = phys if phys in self.gpus else None
             out.append(Allocation(gpu, m.parent, m.type, info.framebuffer_mb if info else None, None,
-                                  BACKEND_MDEV, m.uuid, info.name if info else None))
+                                  BACKEND_MDEV, m.uuid, info.name if info else None, m.placement_id))
         for v in self.inv.vf_vgpus:
             info = self.info(v.gpu, v.type)
             name = v.name or (info.name if info else None)
@@ -440,7 +434,8 @@ class Placer:
             if fb is None and name:
                 parsed = info.parsed if info and info.name == name else ids.parse_type_name(name)
                 fb = int(parsed.framebuffer_gb * 1024) if parsed else None
-            out.append(Allocation(v.gpu, v.address, v.type, fb, None, BACKEND_NVIDIA_VF, v.address, name))
+            out.append(Allocation(v.gpu, v.address, v.type, fb, None, BACKEND_NVIDIA_VF, v.address, name,
+                                  v.placement_id))
         return out
 
     def merged_allocations(self, records: Sequence[Allocation]
@@ -465,8 +460,9 @@ class Placer:
 def _merge(existing: Allocation, record: Allocation) -> Allocation:
     fb = existing.framebuffer_mb if existing.framebuffer_mb is not None else record.framebuffer_mb
     vm = record.vm if record.vm is not None else existing.vm
+    place = existing.placement_id if existing.placement_id is not None else record.placement_id
     return Allocation(existing.gpu or record.gpu, existing.parent, existing.type, fb, vm, existing.backend,
-                      existing.id, existing.name or record.name)
+                      existing.id, existing.name or record.name, place)
 
 
 def allocations_from_inventory(inv: Inventory) -> list[Allocation]:
@@ -613,6 +609,8 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
               free_gis: Mapping[str, Sequence[str]]) -> str | tuple[tuple[Any, ...], Candidate]:
     info = g.info
     gpu = px.gpus.get(g.phys)
+    placement_id: int | None = None
+    cost = 0
     refusal = _policy_refusal(px, g, policy)
     if refusal:
         return refusal
@@ -625,6 +623,14 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
         region = px.region_mb(g.phys, info.name) or max(used_mb + (info.framebuffer_mb or 0), 1)
         share = min(used_mb / region, 1.0)
         usage = f"{len(allocs)} vGPU(s), {used_mb}/{region} MB"
+        if policy.placement_id is not None and not px.mixed(g, policy):
+            return f"placement ID {policy.placement_id} asked for, but {g.phys} is not in mixed-size mode"
+        if px.mixed(g, policy) and not info.mig_profile:
+            found = mixed_choice(px, g, allocs, policy)
+            if isinstance(found, str):
+                return found
+            placement_id, cost = found
+            usage += f"; placement {placement_id}, costs larger types {cost}"
     else:
         refusal, share, usage = _generic_refusal(g, load)
         if refusal:
@@ -642,10 +648,11 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
             " (not the preferred node)" if numa_miss else " (preferred)")
     if free_vfs is not None:
         why += f"; {free_vfs} of {len(px.vfs_of.get(g.phys, []))} VFs free, lowest taken"
-    order = (numa_miss, -share if policy.strategy == "pack" else share, g.phys, parent, info.type)
+    # mixed-size mode: the strategy picks the GPU, the placement's cost breaks its ties (bench_mixed.py)
+    order = (numa_miss, -share if policy.strategy == "pack" else share, cost, g.phys, parent, info.type)
     listed_backend = g.listed[0].backend if g.listed else info.backend
     return order, Candidate(g.phys if gpu else None, parent, info.type, info.name, listed_backend, numa,
-                            round(share, 4), free_vfs, why)
+                            round(share, 4), free_vfs, why, placement_id)
 
 
 def _policy_refusal(px: Placer, g: _Group, policy: Policy) -> str | None:
@@ -720,8 +727,8 @@ def _nvidia_refusal(px: Placer, g: _Group, allocs: list[Allocation], pending: li
     if mig_allocs or g.phys in free_gis:
         return f"MIG is enabled on this GPU; time-sliced {short} needs MIG off"
     need = info.framebuffer_mb or 0
-    if g.phys in policy.mixed_size_gpus and g.sriov:
-        return _mixed_size_refusal(px, g, sliced)
+    if px.mixed(g, policy):
+        return None  # mixed_choice decides by placement IDs
     sizes = sorted({a.framebuffer_mb for a, _ in sliced if a.framebuffer_mb is not None})
     other = [s for s in sizes if s != need]
     if other:
@@ -733,35 +740,6 @@ def _nvidia_refusal(px: Placer, g: _Group, allocs: list[Allocation], pending: li
     return None
 
 
-def _mixed_size_refusal(px: Placer, g: _Group, sliced: list[tuple[Allocation, _TypeInfo]]) -> str | None:
-    info = g.info
-    region_mb = px.region_mb(g.phys, info.name)
-    if not region_mb:
-        return f"mixed-size mode: GPU framebuffer unknown, cannot place {info.short}"
-    region = region_mb // 1024
-    need = max((info.framebuffer_mb or 0) // 1024, 1)
-    used = sum(max((a.framebuffer_mb or 0) // 1024, 1) for a, _ in sliced)
-    if used + need > region:
-        return f"mixed-size mode: {used} of {region} GB in use, {info.short} needs {need} GB"
-    # Existing vGPUs' placement IDs are not in the inventory: assume the driver placed them
-    # largest first, each at its first free allowed ID.
-    occupied = [False] * region
-    for a, i in sorted(sliced, key=lambda x: (-(x[0].framebuffer_mb or 0), x[0].id)):
-        size = max((a.framebuffer_mb or 0) // 1024, 1)
-        start = _first_fit(occupied, mixed_size_placements(region, size, _mixed_max(i, region, size)), size)
-        if start is not None:
-            occupied[start:start + size] = [True] * size
-    allowed = mixed_size_placements(region, need, _mixed_max(info, region, need))
-    if _first_fit(occupied, allowed, need) is None:
-        return (f"mixed-size mode: no free placement for {info.short} "
-                f"(allowed GB offsets {','.join(map(str, allowed)) or 'none'} are taken)")
-    return None
-
-
-def _mixed_max(i: _TypeInfo, region: int, size: int) -> int:
-    return i.max_instance or min(_MAX_TIMESLICED_PER_GPU, region // size)
-
-
 def _max_instance(px: Placer, phys: str, info: _TypeInfo) -> int | None:
     """max_instance from the description, else the rule of thumb GPU GB / type GB, capped at 32."""
     if info.max_instance:
@@ -769,13 +747,6 @@ def _max_instance(px: Placer, phys: str, info: _TypeInfo) -> int | None:
     region = px.region_mb(phys, info.name)
     if region and info.framebuffer_mb:
         return max(1, min(_MAX_TIMESLICED_PER_GPU, region // info.framebuffer_mb))
-    return None
-
-
-def _first_fit(occupied: list[bool], allowed: Iterable[int], size: int) -> int | None:
-    for p in allowed:
-        if not any(occupied[p:p + size]):
-            return p
     return None
 
 

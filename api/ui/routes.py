@@ -151,7 +151,21 @@ def gpu_page(request: Request, address: str, svc: Service = Depends(service), _:
         pf, vf = quote(found.gpu.physical, safe=":"), quote(address, safe=":")
         return RedirectResponse(f"/ui/gpus/{pf}#vf-{vf}", status_code=303)
     return render(request, "gpu.html", m=found, creatable=[t for t in found.types if t.available > 0
-                                                           and not t.mig_profile])
+                                                           and not t.mig_profile],
+                  placement=_placement_map(svc, address))
+
+
+def _placement_map(svc: Service, address: str) -> dict[str, Any] | None:
+    """Mixed-size mode: the GPU's placement map (vgpumgr.ops.slot_map), one cell per GB; None otherwise."""
+    from vgpumgr.ops import slot_map
+
+    m = slot_map.slot_map(svc, address)
+    if m["mode"] != "mixed":
+        return None
+    row = slot_map.cells(m)
+    order = {label: n % 8 for n, label in enumerate(dict.fromkeys(c for c in row if c))}
+    m["cells"] = [{"label": c, "colour": order.get(c)} for c in row]
+    return m
 
 
 @router.get("/fleet")

@@ -64,6 +64,8 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-model", action="append", default=[], metavar="MODEL")
     g.add_argument("--deny-model", action="append", default=[], metavar="MODEL")
     g.add_argument("--deny-gpu", action="append", default=[], metavar="BDF")
+    g.add_argument("--placement-id", type=int, metavar="N",
+                   help="mixed-size mode: the vGPU's placement ID (GB offset; default: the fragmentation-aware choice)")
 
 
 def policy_from(args: argparse.Namespace):  # noqa: ANN201
@@ -71,7 +73,7 @@ def policy_from(args: argparse.Namespace):  # noqa: ANN201
 
     return Policy(strategy=args.policy, numa=args.numa, pin_gpu=args.pin_gpu, pin_parent=args.pin_parent,
                   allow_models=tuple(args.allow_model), deny_models=tuple(args.deny_model),
-                  deny_gpus=frozenset(args.deny_gpu))
+                  deny_gpus=frozenset(args.deny_gpu), placement_id=getattr(args, "placement_id", None))
 
 
 def service(args: argparse.Namespace):  # noqa: ANN201

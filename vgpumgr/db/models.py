@@ -339,6 +339,7 @@ class GpuBootState(Base):
     numvfs: Mapped[int | None] = mapped_column(Integer)
     mig_enabled: Mapped[bool | None] = mapped_column(Boolean)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    vgpu_mode: Mapped[str | None] = mapped_column(String(16))  # "mixed" / "equal" (NVIDIA vGPU mode); None: untouched
 
 
 class MigGpuInstance(Base):

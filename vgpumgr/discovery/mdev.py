@@ -222,4 +222,11 @@ def read_mdev(host: Host, uuid: str, parents: set[str] | None = None) -> Mdev | 
     group = link_name(f"{link}/iommu_group")
     return Mdev(uuid=uuid, parent=parent, type=link_name(f"{link}/mdev_type") or "?",
                 iommu_group=int(group) if group and group.isdigit() else None,
-                gpu=physical_gpu(host, parent))
+                gpu=physical_gpu(host, parent), placement_id=_placement_id(link))
+
+
+def _placement_id(mdev_dir: str) -> int | None:
+    from vgpumgr.discovery.nvidia_vf import placement_id
+
+    return placement_id(mdev_dir)
+

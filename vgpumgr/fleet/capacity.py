@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpumgr import placement_mixed
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Gpu
 from vgpumgr.placement import Allocation, Placer, _info_from_allocation
 
@@ -138,6 +139,8 @@ def _type_capacity(px: Placer, g: Gpu, info: Any, load: _Load) -> TypeCapacity:
         return TypeCapacity(info.type, info.name, info.short, info.backend, None, free, used, used + free)
     limit = _limit(px, g, info)
     free, made = _nvidia_free(g, info, load, limit)
+    if not info.mig_profile and not load.mig_backed and placement_mixed.is_mixed(g):
+        free = placement_mixed.free_count(px, g.address, info, load.sliced)  # creatable placements, not sizes
     if free > 0 or made > 0:
         parents, spare = _parents_free(listed, load)
         # a GPU instance still to be made has no listing yet: it needs only a free VF

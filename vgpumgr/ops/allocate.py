@@ -19,7 +19,7 @@ from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
-from vgpumgr.ops import boot_records, leases
+from vgpumgr.ops import boot_records, leases, placement_apply
 from vgpumgr.ops.context import FAILED, Context
 from vgpumgr.ops.records import allocation_dict, placed
 from vgpumgr.placement import Allocation as PlacedAlloc
@@ -114,7 +114,8 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
                 s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
                 pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
                 type_name=c.name, series=series, idempotency_key=idempotency_key,
-                detail={"framebuffer_mb": fb, "gpu": c.gpu, **_mig_detail(parsed), **(detail or {})},
+                detail={"framebuffer_mb": fb, "gpu": c.gpu, **_mig_detail(parsed), **(detail or {}),
+                        **({"placement_id": c.placement_id} if c.placement_id is not None else {})},
                 owner=leases.owner_values(svc))
             if lease_id is None or not licensing.share(s, row, lease_id):
                 licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
@@ -129,6 +130,8 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
             mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
         else:
             nvidia_vf.set_type(svc.host, c.parent, c.type)
+        if c.placement_id is not None:
+            placement_apply.give(svc, row.id, c, new_uuid)
     except BaseException as e:
         _rollback_allocation(svc, row.id, e, actor)
         svc.invalidate()

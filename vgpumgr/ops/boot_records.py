@@ -60,6 +60,13 @@ def remember_mig_mode(s: Session, host_id: int, gpu: str, enabled: bool) -> None
         s.execute(delete(MigGpuInstance).where(MigGpuInstance.host_id == host_id, MigGpuInstance.gpu == row.address))
 
 
+def remember_vgpu_mode(s: Session, host_id: int, gpu: str, mode: str) -> None:
+    """NVIDIA's vGPU mode of a GPU ("mixed" or "equal"), as `vgpumgr gpu mode` set it."""
+    row = _state_row(s, host_id, ids.pci_address(gpu))
+    if row.vgpu_mode != mode:
+        row.vgpu_mode = mode
+
+
 def remember_gpu_instance(s: Session, host_id: int, gpu: str, gi: dict[str, Any]) -> None:
     """A GI as the NVML layer reports it (profile, profile_id, start, size, compute_instances)."""
     gpu = ids.pci_address(gpu)

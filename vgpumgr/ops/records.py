@@ -24,7 +24,8 @@ def placed(rows: Iterable[Any]) -> list[PlacedAlloc]:
         d = a.detail or {}
         parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
         out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent, type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"),
-                               vm=a.vm_name, backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name))
+                               vm=a.vm_name, backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name,
+                               placement_id=d.get("placement_id")))
     return out
 
 
@@ -45,6 +46,7 @@ def allocation_dict(a: AllocRow, s: Session | None = None, vm_name: str | None |
         "type_name": a.type_name, "series": a.series, "vm": vm,
         "state": a.state, "idempotency_key": a.idempotency_key, "kernel_owner": detail.get("kernel_owner"),
         "licence": _edition(session, a.lease_id) if session is not None and a.lease_id else None,
+        **({"placement_id": detail["placement_id"]} if detail.get("placement_id") is not None else {}),
         "created_at": _iso(a.created_at), "activated_at": _iso(a.activated_at), "released_at": _iso(a.released_at),
         **({"mig_profile": detail["mig_profile"]} if detail.get("mig_profile") else {}),
         # a live migration's reservation here until the domain arrives (see ops/incoming.py)

@@ -76,11 +76,15 @@ def desired(svc: Context, profile: BootProfile | None) -> dict[str, Want]:
             want(addr).numvfs = st.numvfs
         if st.mig_enabled:
             want(addr).mig = True
+        if getattr(st, "vgpu_mode", None):  # NVIDIA mixed/equal-size mode (vgpumgr.ops.restore_mixed)
+            want(addr).vgpu_mode = st.vgpu_mode
     for gi in gis:
         w = want(gi.gpu)
         w.mig = True
         w.gis.append(gi)
     for a in allocations(svc, live=True):
+        if a.get("placement_id") is not None:
+            want(a["gpu"] or a["parent"]).placements[a["uuid"] or a["pci_address"]] = a["placement_id"]
         if a["kernel_owner"] and a["pci_address"]:  # the VF must exist; its type is written at the VM's start
             want(a["gpu"] or a["parent"]).owned_vfs.append(a["pci_address"])
         elif a["backend"] == BACKEND_NVIDIA_VF and a["pci_address"]:

@@ -21,7 +21,7 @@ from vgpumgr.backends import nvidia_vf, sriov
 from vgpumgr.backends.common import wait_for
 from vgpumgr.discovery.fs import read, read_int
 from vgpumgr.errors import InvalidInput, NoCapacity, VgpuError
-from vgpumgr.ops import boot_records
+from vgpumgr.ops import boot_records, restore_mixed
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 
 OK_, DONE, PLANNED, UNKNOWN, BLOCKED, PENDING, FAILED_, SKIPPED = (
@@ -41,6 +41,8 @@ class Want:
     vf_types: dict[str, tuple[str, str]] = field(default_factory=dict)  # VF -> (type, "records"|"profile")
     mdevs: list[dict[str, Any]] = field(default_factory=list)  # allocation dicts
     owned_vfs: list[str] = field(default_factory=list)  # VFs whose type another manager (Proxmox) writes
+    vgpu_mode: str | None = None  # NVIDIA mixed/equal-size mode as `vgpumgr gpu mode` recorded it
+    placements: dict[str, int] = field(default_factory=dict)  # VF or mdev UUID -> recorded placement ID
 
 
 
@@ -93,6 +95,9 @@ class GpuRun:
             self.mig_mode()
             if self.w.gis:
                 self.gpu_instances()
+        if self.w.vgpu_mode:  # after the VFs, before any vGPU type (vgpumgr.ops.restore_mixed)
+            restore_mixed.vgpu_mode(self)
+        # (the vGPU scheduler's step goes here: after the mode, before the VF types)
         self.vf_types()
         self.mdevs()
 
@@ -236,13 +241,15 @@ class GpuRun:
             cur = nvidia_vf.current(self.host, vf)
             if cur == tid:
                 self.step("vf-type", vf, OK_, f"VF {vf} holds nvidia-{tid}", type=f"nvidia-{tid}", source=source)
+                restore_mixed.placement(self, vf, self.w.placements.get(vf), vf=vf)
                 continue
             if cur and not self._in_the_way(vf, f"VF {vf} holds nvidia-{cur}, not nvidia-{tid} ({source})",
                                             lambda vf=vf: nvidia_vf.clear_type(self.host, vf, retries=1)):
                 continue
-            self.change("vf-type", vf, f"set nvidia-{tid} on VF {vf} ({source})",
-                        lambda vf=vf, tid=tid: nvidia_vf.set_type(self.host, vf, tid), type=f"nvidia-{tid}",
-                        source=source)
+            if self.change("vf-type", vf, f"set nvidia-{tid} on VF {vf} ({source})",
+                           lambda vf=vf, tid=tid: nvidia_vf.set_type(self.host, vf, tid), type=f"nvidia-{tid}",
+                           source=source) and not self.dry_run:
+                restore_mixed.placement(self, vf, self.w.placements.get(vf), vf=vf)
             self.svc.touch(self.w.gpu, vf)
 
     def _wait_vf(self, vf: str) -> bool:
@@ -285,6 +292,7 @@ class GpuRun:
             have = mdev_backend.get(self.host, uuid)
             if have and have.parent == a["parent"] and have.type == a["type"]:
                 self.step("mdev", uuid, OK_, f"mdev {uuid} exists ({a['type']} on {a['parent']})")
+                restore_mixed.placement(self, uuid, self.w.placements.get(uuid), uuid=uuid)
                 continue
             if have and not self._in_the_way(uuid, f"mdev {uuid} exists as {have.type} on {have.parent}, "
                                                    f"not {a['type']} on {a['parent']}",
@@ -294,9 +302,10 @@ class GpuRun:
                 self.step("mdev", uuid, PLANNED, f"would create mdev {uuid} ({a['type']} on {a['parent']}) "
                           "once the VFs are enabled")
                 continue
-            self.change("mdev", uuid, f"create mdev {uuid} ({a['type']} on {a['parent']}, VM {a['vm'] or '-'})",
-                        lambda a=a: mdev_backend.create(self.host, a["parent"], a["type"], a["uuid"]),
-                        type=a["type"], parent=a["parent"])
+            if self.change("mdev", uuid, f"create mdev {uuid} ({a['type']} on {a['parent']}, VM {a['vm'] or '-'})",
+                           lambda a=a: mdev_backend.create(self.host, a["parent"], a["type"], a["uuid"]),
+                           type=a["type"], parent=a["parent"]) and not self.dry_run:
+                restore_mixed.placement(self, uuid, self.w.placements.get(uuid), uuid=uuid)
             self.svc.touch(self.w.gpu, a["parent"])
 
     def _in_the_way(self, target: str, message: str, remove: Callable[[], Any]) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 
 from vgpumgr.mig import profile_for_type
 from vgpumgr.sim import catalog, rules
+from vgpumgr.sim import placements as simplace
 from vgpumgr.sim.files import link, read_text, update, update_changed
 from vgpumgr.sim.tree import SimTree, pci_files, type_files, vf_address
 
@@ -91,7 +92,8 @@ def enable_vfs(tree: SimTree, pf: str, count: int) -> None:
                 tree.add_type(d, f"nvidia-{t['id']}", t["name"], _description(t), 0)
         elif gpu.get("iface") == NVIDIA_VF:
             for name, content in VF_NVIDIA_FILES.items():
-                tree.attr(d / "nvidia" / name, content)
+                if name != "placement_id" or simplace.branch(gpu) >= 570:  # R550 has no placement_id file
+                    tree.attr(d / "nvidia" / name, content)
     tree.attr(pfdir / "sriov_numvfs", f"{count}\n")  # the callers refresh what is creatable afterwards
 
 
@@ -110,7 +112,8 @@ def vf_entries(gpu: dict[str, Any]) -> set[str]:
             td = f"mdev_supported_types/nvidia-{t['id']}"
             out |= {td, f"{td}/devices"} | {f"{td}/{f}" for f in type_files(t["name"], "-", 0)}
     elif gpu.get("iface") == NVIDIA_VF:
-        out |= {"nvidia"} | {f"nvidia/{f}" for f in VF_NVIDIA_FILES}
+        r550 = simplace.branch(gpu) < 570  # no placement_id file
+        out |= {"nvidia"} | {f"nvidia/{f}" for f in VF_NVIDIA_FILES if not (r550 and f == "placement_id")}
     return out
 
 
@@ -186,6 +189,10 @@ def creatable_files(gpu: dict[str, Any], where: Layout) -> dict[str, str]:
             free_gis.remove(by_id[t]["mig_profile"])
     creatable = rules.nvidia_creatable(gpu["catalog"], fbs, mig=gpu["mig"], heterogeneous=gpu["heterogeneous"],
                                        total_fb_mb=gpu["total_fb_mb"], free_gi_profiles=free_gis)
+    if gpu["heterogeneous"] and gpu.get("arch") and not gpu["mig"]:  # mixed size: a creatable placement ID each
+        room = len(existing) < simplace.pid.MAX_PER_GPU
+        creatable = {t["id"]: len(simplace.creatable_ids(gpu, t)) if room and not t.get("mig_profile") else 0
+                     for t in gpu["catalog"]}
     out: dict[str, str] = {}
     for d, held in where.items():
         if iface == MDEV_PF:
@@ -214,6 +221,9 @@ def refresh_change(tree: SimTree, pf: str, function_dir: str, added: str | None 
     """The same after one vGPU of type dir `added` appeared on (or `removed` left) `function_dir`: the files
     held the values derived from the layout before it, so only the values that differ are written."""
     gpu = tree.state["gpus"][pf]
+    if gpu.get("heterogeneous"):  # placements moved with the change: what was creatable before is not derivable
+        refresh(tree, pf)
+        return
     after = layout(tree, pf)
     before = dict(after)
     if function_dir not in after or (added is not None and added not in after[function_dir]):

@@ -7,6 +7,7 @@ the kernel serialises them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -17,6 +18,7 @@ from typing import Any
 
 from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import gpus as simgpus
+from vgpumgr.sim import placements as simplace
 from vgpumgr.sim import rules
 from vgpumgr.sim.files import read_text, update, update_changed, write
 from vgpumgr.sim.tree import SimTree
@@ -102,6 +104,8 @@ class KernelEmulator:
             self._sriov_numvfs(tree, Path(parent), data)
         elif name == "current_vgpu_type" and os.path.basename(parent) == "nvidia":
             self._current_vgpu_type(tree, os.path.dirname(parent), data)
+        elif name in ("placement_id", "vgpu_params") and os.path.basename(parent) == "nvidia":
+            self._placement(tree, os.path.dirname(parent), name, real, data)
         elif name == "driver_override":
             value = data.strip()
             tree.attr(real, (value or "(null)") + "\n")
@@ -130,7 +134,8 @@ class KernelEmulator:
             code = errno.EUSERS if sample and sample["errno"] == "EUSERS" else errno.ENOSPC
             raise _err(code, "create")
         type_name = os.path.basename(type_dir)
-        tree.add_mdev(pdir, uuid, type_name)
+        mdir = tree.add_mdev(pdir, uuid, type_name)
+        self._placed(tree, pdir, uuid, mdir, type_name)
         self._refresh_parent(tree, pdir, added=type_name)
 
     def _remove_mdev(self, tree: SimTree, mdir: str, data: str) -> None:
@@ -143,6 +148,10 @@ class KernelEmulator:
         if _held(tree.root, f"/dev/vfio/{group}"):
             # The real kernel blocks the writer until the VM lets go; vgpumgr must never get here.
             raise _err(errno.EBUSY, "remove (the real kernel would block here until the VM releases it)")
+        pf = simgpus.physical_gpu_of(tree, os.path.dirname(mdir))
+        if pf:
+            simplace.release(tree.state["gpus"][pf], os.path.basename(mdir))
+            tree.dirty = True
         type_name = tree.remove_mdev(mdir, group)
         self._refresh_parent(tree, os.path.dirname(mdir), removed=type_name)
 
@@ -195,7 +204,9 @@ class KernelEmulator:
             simgpus.disable_vfs(tree, pfdir.name)
         else:
             simgpus.enable_vfs(tree, pfdir.name, n)
-        if pfdir.name in tree.state["gpus"]:
+        if pfdir.name in tree.state["gpus"]:  # sriov-manage clears mixed-size mode, both ways
+            simplace.lose_mode(tree.state["gpus"][pfdir.name])
+            tree.dirty = True
             simgpus.refresh(tree, pfdir.name)
 
     # -- NVIDIA vendor-specific VF --------------------------------------------------------------
@@ -210,6 +221,12 @@ class KernelEmulator:
             if _held(tree.root, f"/dev/vfio/{group}") or _held(tree.root, vfdir):
                 raise _err(errno.EBUSY, "current_vgpu_type")
             tree.attr(cur_file, "0\n")
+            pf = simgpus.physical_gpu_of(tree, vfdir)
+            if pf:
+                simplace.release(tree.state["gpus"][pf], os.path.basename(vfdir))
+                tree.dirty = True
+                if os.path.exists(f"{vfdir}/nvidia/placement_id"):
+                    tree.attr(f"{vfdir}/nvidia/placement_id", simplace.NOT_APPLICABLE)
         else:
             if current != 0:
                 raise _err(errno.EPERM, "current_vgpu_type")
@@ -218,12 +235,61 @@ class KernelEmulator:
             if value not in ids:
                 raise _err(errno.EINVAL, "current_vgpu_type")
             tree.attr(cur_file, f"{value}\n")
+            self._placed(tree, vfdir, os.path.basename(vfdir), vfdir, f"nvidia-{value}")
         pf = simgpus.physical_gpu_of(tree, vfdir)
         if pf:
             if value:
                 simgpus.refresh_change(tree, pf, vfdir, added=f"nvidia-{value}")
             else:
                 simgpus.refresh_change(tree, pf, vfdir, removed=f"nvidia-{current}")
+
+    # -- placement IDs (vgpumgr.sim.placements) ------------------------------------------------------
+    def _placed(self, tree: SimTree, parent_dir: str, key: str, device_dir: str, type_dir: str) -> None:
+        """A vGPU was made on `device_dir` (a VF, or an mdev's directory): the driver reserves its placement."""
+        pf = simgpus.physical_gpu_of(tree, parent_dir)
+        if not pf or not type_dir.startswith("nvidia-"):
+            return
+        gpu = tree.state["gpus"][pf]
+        if not gpu.get("arch"):  # a GPU without placement IDs (T4): no placement_id file is simulated
+            return
+        params = f"{device_dir}/nvidia/vgpu_params"
+        wanted = simplace.params_placement(read_text(params)) if os.path.exists(params) else None
+        try:
+            place = simplace.reserve(gpu, key, int(type_dir[7:]), wanted if simplace.branch(gpu) < 570 else None)
+        except OSError as e:
+            raise _err(e.errno or errno.EINVAL, "create") from None
+        tree.dirty = True
+        if simplace.branch(gpu) >= 570:
+            tree.attr(f"{device_dir}/nvidia/placement_id", simplace.NOT_APPLICABLE if place is None else f"{place}\n")
+
+    def _placement(self, tree: SimTree, device_dir: str, name: str, real: str, data: str) -> None:
+        """`placement_id` (R570+) moves a vGPU's placement; `vgpu-placement-id=` in `vgpu_params` does on R550."""
+        pf = simgpus.physical_gpu_of(tree, os.path.dirname(device_dir) if not os.path.exists(
+            f"{device_dir}/physfn") and os.path.islink(f"{device_dir}/mdev_type") else device_dir)
+        gpu = tree.state["gpus"].get(pf or "")
+        key = os.path.basename(device_dir)
+        if name == "vgpu_params":
+            tree.attr(real, data)
+            wanted = simplace.params_placement(data)
+            if gpu and wanted is not None and simplace.branch(gpu) < 570 and key in gpu.get("placements", {}):
+                with contextlib.suppress(OSError):  # an ID that is not creatable fails the VM's start instead
+                    simplace.move(gpu, key, wanted)
+                    tree.dirty = True
+                    simgpus.refresh(tree, pf)
+            return
+        value = kstrto(data, "placement_id", base=10, bits=16)
+        if gpu is None or key not in gpu.get("placements", {}):
+            raise _err(errno.ENXIO, "placement_id")  # no vGPU on this function yet
+        group = os.path.basename(os.readlink(f"{device_dir}/iommu_group"))
+        if _held(tree.root, f"/dev/vfio/{group}") or _held(tree.root, device_dir):
+            raise _err(errno.EBUSY, "placement_id")
+        try:
+            simplace.move(gpu, key, value)
+        except OSError as e:
+            raise _err(e.errno or errno.EINVAL, "placement_id") from None
+        tree.dirty = True
+        tree.attr(real, f"{value}\n")
+        simgpus.refresh(tree, pf)
 
     # -- drivers --------------------------------------------------------------------------------
     def _bind(self, tree: SimTree, driver: str, action: str, data: str) -> None:

@@ -39,6 +39,7 @@ import pynvml
 
 from vgpumgr import ids, mig
 from vgpumgr.sim.nvml_migration import VgpuMigration
+from vgpumgr.sim.nvml_placement import VgpuPlacements
 from vgpumgr.sim.nvml_telemetry import VgpuTelemetry
 from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
@@ -106,6 +107,11 @@ SIM_PROFILES: dict[str, GpuSpec] = {
               + _mig_types("NVIDIA H100XM-", "h100-80gb", ((1130, "1-10CME"), (1131, "1-10C"), (1132, "1-20C"),
                                                             (1133, "2-20C"), (1134, "3-40C"), (1135, "4-40C"),
                                                             (1136, "7-80C"))))),
+    # an A40 with NVML (not in the a40-sriov profile by default; tests of mixed-size mode on mdev add it)
+    "a40": GpuSpec(
+        "NVIDIA A40", (0x10DE, 0x2235), (0x10DE, 0x145A), 46068, None, (0, 0), False,
+        tuple(_timesliced("NVIDIA A40", 555, (1, 2), "B", 48)
+              + _timesliced("NVIDIA A40", 557, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "Q", 48))),
     "l40s": GpuSpec(
         "NVIDIA L40S", (0x10DE, 0x26B9), (0x10DE, 0x1851), 46068, None, (0, 0), False,
         tuple(_timesliced("NVIDIA L40S", 1145, (1, 2), "B", 48)
@@ -205,7 +211,7 @@ def _deref(ref: Any) -> Any:
     return obj
 
 
-class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
+class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry, VgpuPlacements):
     """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
 
     profiles = SIM_PROFILES
@@ -611,19 +617,7 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry):
         gi = self._type(type_id).gi_profile_id
         return 0xFFFFFFFF if gi is None else gi
 
-    def nvmlDeviceGetVgpuHeterogeneousMode(self, handle: Any) -> int:  # noqa: N802
-        gpu, spec = self._read(handle, "nvmlDeviceGetVgpuHeterogeneousMode")
-        if spec.mig_table and gpu["mig_mode"][0]:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return gpu["heterogeneous_mode"]
-
-    def nvmlDeviceSetVgpuHeterogeneousMode(self, handle: Any, mode: int) -> int:  # noqa: N802
-        with self._mutate() as state:
-            gpu, spec = self._gpu(state, handle, "nvmlDeviceSetVgpuHeterogeneousMode")
-            if spec.mig_table and gpu["mig_mode"][0]:
-                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            gpu["heterogeneous_mode"] = int(bool(mode))
-        return pynvml.NVML_SUCCESS
+    # nvmlDevice{Get,Set}VgpuHeterogeneousMode and the placement calls: vgpumgr.sim.nvml_placement
 
     def nvmlDeviceGetVgpuSchedulerState(self, handle: Any) -> Any:  # noqa: N802
         gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState")

@@ -38,26 +38,28 @@ def _t4(numa: int) -> dict[str, Any]:
 def _a40(numa: int, vfs: int) -> dict[str, Any]:
     return {"model": "A40", "vendor": NVIDIA, "device": "2235", "subsys": (NVIDIA, "145a"), "numa": numa,
             "driver": "nvidia", "vf_driver": "nvidia", "iface": MDEV_VF, "catalog": catalog.A40,
-            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs}
+            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs, "arch": "ampere"}
 
 
 def _l40s(numa: int, vfs: int) -> dict[str, Any]:
     return {"model": "L40S", "vendor": NVIDIA, "device": "26b9", "subsys": (NVIDIA, "1851"), "numa": numa,
             "driver": "nvidia", "vf_driver": "nvidia", "iface": NVIDIA_VF, "catalog": catalog.L40S,
-            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs, "nvml_profile": "l40s"}
+            "total_fb_mb": 49152, "totalvfs": 32, "numvfs": vfs, "nvml_profile": "l40s",
+            "arch": "ada"}
 
 
 def _a100(numa: int, vfs: int) -> dict[str, Any]:
     return {"model": "A100D", "vendor": NVIDIA, "device": "20b5", "subsys": (NVIDIA, "1533"), "numa": numa,
             "driver": "nvidia", "vf_driver": "nvidia", "iface": MDEV_VF,
             "catalog": catalog.A100D_TIMESLICED + catalog.A100D_MIG, "total_fb_mb": 81920,
-            "totalvfs": 20, "numvfs": vfs, "mig": True, "nvml_profile": "a100-mig"}
+            "totalvfs": 20, "numvfs": vfs, "mig": True, "nvml_profile": "a100-mig", "arch": "ampere"}
 
 
 def _h100(numa: int, vfs: int) -> dict[str, Any]:
     return {"model": "H100XM", "vendor": NVIDIA, "device": "2330", "subsys": (NVIDIA, "16c1"), "numa": numa,
             "driver": "nvidia", "vf_driver": "nvidia", "iface": NVIDIA_VF, "catalog": catalog.H100XM_MIG,
-            "total_fb_mb": 81920, "totalvfs": 32, "numvfs": vfs, "mig": True, "nvml_profile": "h100"}
+            "total_fb_mb": 81920, "totalvfs": 32, "numvfs": vfs, "mig": True, "nvml_profile": "h100",
+            "arch": "hopper"}
 
 
 def _gvtg() -> dict[str, Any]:

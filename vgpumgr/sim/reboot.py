@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpumgr.sim import gpus as simgpus
+from vgpumgr.sim import placements as simplace
 from vgpumgr.sim.tree import SimTree
 
 
@@ -102,6 +103,5 @@ def _reset_mig(tree: SimTree, report: dict[str, Any]) -> None:
             if gpu.get("mig") and not nv["mig_mode_after"][0]:
                 report["mig_off"].append(address)
             gpu["mig"] = bool(nv["mig_mode_after"][0])
-        if gpu.get("heterogeneous") or (nv and nv["heterogeneous_mode"]):
+        if simplace.lose_mode(gpu) or (nv and nv["heterogeneous_mode"]):  # mixed-size mode and placements
             report["heterogeneous_off"].append(address)
-        gpu["heterogeneous"] = False

@@ -1,0 +1,290 @@
+"""NVIDIA mixed-size vGPU mode end to end on the simulator: `gpu mode`, placement by placement ID with the
+fragmentation named, `--placement-id`, and `restore` after a reboot giving the mode and every placement back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from simhost import run
+from test_cli import golden
+
+from vgpumgr.sim import profiles
+
+L40S = "0000:3d:00.0"
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
+    root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=8)
+    args = ["--sysfs-root", str(root), "--state-dir", str(tmp_path / "state"), "--connect", "test:///default"]
+
+    def call(*argv: str) -> tuple[int, str, str]:
+        return run(*args, *argv)
+
+    call.root = root  # type: ignore[attr-defined]
+    return call
+
+
+def placement_files(root: Path) -> dict[str, str]:
+    out = {}
+    for d in sorted((root / "sys/bus/pci/devices").iterdir()):
+        f = d / "nvidia/placement_id"
+        if f.exists() and f.read_text().strip() != "Not Applicable":
+            out[d.name] = f.read_text().strip()
+    return out
+
+
+def records(cli) -> dict[str, tuple[str, int | None, str]]:  # noqa: ANN001
+    rc, out, err = cli("placements", "--json")
+    assert rc == 0, err
+    return {a["vm"]: (a["type_name"].split()[-1], a.get("placement_id"), a["pci_address"]) for a in json.loads(out)}
+
+
+def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None:  # noqa: ANN001
+    rc, out, err = cli("vm", "create", "vm0", "--vgpu", "L40S-24Q")
+    rc, out, err = cli("vm", "create", "vm0b", "--vgpu", "L40S-12Q")
+    assert rc == 4 and "equal-size mode" in err  # the default mode refuses a second size
+    assert cli("vm", "delete", "vm0")[0] == 0
+    rc, out, err = cli("gpu", "mode", L40S, "--mixed")
+    assert rc == 0 and "mixed-size vGPU mode (was equal)" in out, err
+    for vm, t in (("vm1", "L40S-24Q"), ("vm2", "L40S-12Q"), ("vm3", "L40S-4Q"), ("vm4", "L40S-2Q")):
+        rc, out, err = cli("vm", "create", vm, "--vgpu", t)
+        assert rc == 0, err
+    placed = records(cli)
+    assert {vm: p[:2] for vm, p in placed.items()} == {
+        "vm1": ("L40S-24Q", 0), "vm2": ("L40S-12Q", 24), "vm3": ("L40S-4Q", 36), "vm4": ("L40S-2Q", 40)}
+    # the driver holds what the records say
+    assert placement_files(cli.root) == {p[2]: str(p[1]) for p in placed.values()}
+    # a pinned placement, then the next 4Q is refused with the fragmentation named
+    assert cli("vm", "create", "vm5", "--vgpu", "L40S-2Q", "--placement-id", "46")[0] == 0
+    rc, out, err = cli("vm", "create", "vm6", "--vgpu", "L40S-4Q")
+    assert rc == 4
+    assert ("4 GB free on 0000:3d:00.0 but no 4Q start free (0: L40S-24Q of vm1, 8: L40S-24Q of vm1, "
+            "12: L40S-24Q of vm1, 20: L40S-24Q of vm1, 24: L40S-12Q of vm2, 32: L40S-12Q of vm2, "
+            "36: L40S-4Q of vm3, 44: L40S-2Q of vm5)") in err
+    before = placement_files(cli.root)
+    assert before[records(cli)["vm5"][2]] == "46"
+
+    rc, out, err = cli("sim", "reboot")
+    assert rc == 0 and "mixed-size vGPU mode is off again" in out
+    assert placement_files(cli.root) == {}
+    rc, out, err = cli("restore")
+    assert rc == 0, out + err
+    lines = out.splitlines()
+    order = [next(i for i, line in enumerate(lines) if step in line) for step in ("vfs ", "vgpu-mode", "vf-type")]
+    assert order == sorted(order)  # VFs, then the mode, then the VF types (then placements)
+    assert "give 0000:3d:01.0 placement ID 46 (records)" in out
+    assert placement_files(cli.root) == before
+    rc, out, err = cli("restore")
+    assert rc == 0 and "done" not in out  # nothing left to do
+
+
+def test_explain_names_the_fragmentation_golden(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    for vm, t, at in (("vm7", "L40S-2Q", "0"), ("vm9", "L40S-2Q", "24"), ("vm8", "L40S-16Q", "32"),
+                      ("vm6", "L40S-4Q", "12")):
+        rc, _, err = cli("vm", "create", vm, "--vgpu", t, "--placement-id", at)
+        assert rc == 0, err
+    rc, out, err = cli("place", "--type", "L40S-24Q", "--explain")
+    assert rc == 4
+    assert "24 GB free on 0000:3d:00.0 but no 24Q start free (0: L40S-2Q of vm7, 24: L40S-2Q of vm9)" in out
+    golden("mixed-size-explain.txt", out)
+
+
+def test_gpu_mode_refusals_are_reasons_and_audited(cli) -> None:  # noqa: ANN001
+    assert cli("vm", "create", "a", "--vgpu", "L40S-2Q")[0] == 0
+    rc, out, err = cli("gpu", "mode", L40S, "--mixed")
+    assert rc == 4 and "holds 1 vGPU(s) (0000:3d:00.4)" in err and "release its vGPUs first" in err
+    rc, out, err = cli("gpu", "mode", "0000:3e:00.0", "--mixed")
+    assert rc == 3
+    rc, out, err = cli("gpu", "mode", "bogus", "--mixed")
+    assert rc == 2
+    assert cli("vm", "delete", "a")[0] == 0
+    assert cli("sriov", "set", L40S, "0", "--allow-nvidia")[0] == 0  # without VFs, no HETEROGENEOUS_TIMESLICE_SIZES
+    rc, out, err = cli("gpu", "mode", L40S, "--mixed")
+    assert rc == 4 and "HETEROGENEOUS_TIMESLICE_SIZES" in err and "sriov-manage -e" in err
+    rc, out, err = cli("audit", "--json")
+    events = [e for e in json.loads(out) if e["action"] == "gpu.mode"]
+    # the refusals on the GPU (a vGPU held, no capability) are audited; an unknown address is only bad input
+    assert [e["outcome"] for e in events] == ["failed", "failed"]
+    assert any("HETEROGENEOUS_TIMESLICE_SIZES" in (e["error"] or "") for e in events)
+
+
+def test_pinned_placement_refusals(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    rc, _, err = cli("vm", "create", "a", "--vgpu", "L40S-24Q", "--placement-id", "12")
+    assert rc == 4 and "placement ID 12 is not a start of L40S-24Q (its IDs: 0, 24)" in err
+    assert cli("vm", "create", "a", "--vgpu", "L40S-24Q", "--placement-id", "24")[0] == 0
+    rc, _, err = cli("vm", "create", "b", "--vgpu", "L40S-12Q", "--placement-id", "36")
+    assert rc == 4 and "placement ID 36 of L40S-12Q is taken (36: L40S-24Q of a)" in err
+    rc, _, err = cli("vm", "create", "b", "--vgpu", "L40S-12Q", "--placement-id", "300")
+    assert rc == 2 and "not a placement ID" in err
+
+
+def test_capacity_and_slot_map_count_creatable_placements(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    for vm, at in (("vm7", "0"), ("vm9", "24")):
+        assert cli("vm", "create", vm, "--vgpu", "L40S-2Q", "--placement-id", at)[0] == 0
+    rc, out, err = cli("gpu", "slots", L40S, "--json")
+    assert rc == 0, err
+    m = json.loads(out)
+    assert m["mode"] == "mixed" and m["used_gb"] == 4
+    assert [(v["placement_id"], v["vgpu"]) for v in m["vgpus"]] == [(0, "L40S-2Q of vm7"), (24, "L40S-2Q of vm9")]
+    by_name = {t["name"].split()[-1]: t for t in m["types"]}
+    assert by_name["L40S-24Q"]["creatable"] == [] and by_name["L40S-16Q"]["creatable"] == [32]
+    assert by_name["L40S-12Q"]["creatable"] == [12, 36]
+    rc, out, err = cli("gpu", "slots", L40S)
+    assert "map  AA" in out and "L40S-24Q" in out
+    # the fleet's capacity rows: 44 GB free, yet no 24Q and one 16Q
+    from vgpumgr.config import Config
+    from vgpumgr.fleet.capacity import host_capacity
+    from vgpumgr.ops.allocate import live_records
+    from vgpumgr.service import Service
+
+    svc = Service(Config.resolve(sysfs_root=str(cli.root), state_dir=str(cli.root.parent / "state"),
+                                 connect="test:///default"), licence_mode="off")
+    with svc.reads() as s:
+        rows = host_capacity(svc.snapshot().placer, live_records(svc, s), only=[L40S])
+    free = {t.short: t.free for t in rows[0].types}
+    assert free["L40S-24Q"] == 0 and free["L40S-16Q"] == 1 and free["L40S-12Q"] == 2
+    assert free["L40S-2Q"] == 6  # 14 creatable placements, but 6 free VFs
+
+
+def test_rest_sets_the_mode_and_shows_the_slots(tmp_path: Path) -> None:
+    from test_api import make_env, problem
+
+    env, client = make_env(tmp_path, "l40s-vfio")
+    with client:
+        url = f"/v1/gpus/{L40S}/vgpu-mode"
+        assert client.put(url, json={"mode": "mixed"}, headers=env.as_("operator")).status_code == 403
+        problem(client.put(url, json={"mode": "odd"}, headers=env.as_("admin")), 422)
+        problem(client.put("/v1/gpus/zz/vgpu-mode", json={"mode": "mixed"}, headers=env.as_("admin")), 422)
+        r = client.put(url, json={"mode": "mixed"}, headers=env.as_("admin"))
+        assert r.status_code == 200 and r.json() == {"gpu": L40S, "mode": "mixed", "before": "equal", "changed": True}
+        slots = client.get(f"/v1/gpus/{L40S}/slots", headers=env.as_("auditor")).json()
+        assert slots["mode"] == "mixed" and slots["vgpus"] == [] and slots["region_gb"] == 48
+        env.service.allocate("L40S-2Q", vm="a")
+        body = problem(client.put(url, json={"mode": "equal"}, headers=env.as_("admin")), 409)
+        assert "release its vGPUs first" in json.dumps(body)
+
+
+def test_compact_plans_the_fewest_moves(cli) -> None:  # noqa: ANN001
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    for vm, t, at in (("vm7", "L40S-2Q", "0"), ("vm9", "L40S-2Q", "24"), ("vm8", "L40S-2Q", "28")):
+        assert cli("vm", "create", vm, "--vgpu", t, "--placement-id", at)[0] == 0
+    rc, out, err = cli("gpu", "compact", L40S, "--for", "L40S-24Q", "--json")
+    p = json.loads(out)
+    # start 0 needs one move (vm7), start 24 two (vm9, vm8): the plan takes 0; no fleet, so no destination
+    assert p["start"] == 0 and [mv["vm"] for mv in p["moves"]] == ["vm7"]
+    assert rc == 4 and not p["feasible"] and "no destination for vm7" in p["why"]
+    rc, out, _ = cli("gpu", "compact", L40S, "--for", "L40S-12Q")
+    assert rc == 0 and "placement ID 12 is free already" in out
+
+
+def _cli_for(tmp_path: Path, root: Path):  # noqa: ANN202
+    args = ["--sysfs-root", str(root), "--state-dir", str(tmp_path / "state"), "--connect", "test:///default"]
+    return lambda *argv: run(*args, *argv)
+
+
+def test_mdev_backend_a40_mixed_sizes_and_restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpumgr.sim.nvml import create_state
+    from vgpumgr.sim.paths import nvml_state_path
+
+    monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
+    root = profiles.create(tmp_path / "sim", "a40-sriov", vfs=4)
+    create_state(nvml_state_path(root), [("a40", "0000:41:00.0")])
+    cli = _cli_for(tmp_path, root)
+    assert cli("gpu", "mode", "0000:41:00.0", "--mixed")[0] == 0
+    for vm, t in (("a", "A40-16Q"), ("b", "A40-8Q"), ("c", "A40-1Q")):
+        rc, _, err = cli("vm", "create", vm, "--vgpu", t)
+        assert rc == 0, err
+    placed = {a["vm"]: (a["uuid"], a["placement_id"]) for a in json.loads(cli("placements", "--json")[1])}
+    held = {u: (root / "sys/bus/mdev/devices" / u / "nvidia/placement_id").read_text().strip()
+            for u, _ in placed.values()}
+    assert held == {u: str(p) for u, p in placed.values()}
+    ids = {vm: p for vm, (_, p) in placed.items()}
+    assert ids["a"] in (0, 32) and ids["b"] in (0, 16, 24, 40)
+    assert cli("sim", "reboot")[0] == 0
+    rc, out, err = cli("restore")
+    assert rc == 0 and "set mixed-size vGPU mode" in out, out + err
+    assert {u: (root / "sys/bus/mdev/devices" / u / "nvidia/placement_id").read_text().strip()
+            for u, _ in placed.values()} == held
+
+
+def test_r550_asks_through_vgpu_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json as _json
+
+    from vgpumgr.host import SIM_MARKER
+
+    monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
+    root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=0)
+    state = _json.loads((root / SIM_MARKER).read_text())
+    state["gpus"][L40S]["driver_branch"] = 550  # vGPU 17: no placement_id file
+    (root / SIM_MARKER).write_text(_json.dumps(state))
+    cli = _cli_for(tmp_path, root)
+    assert cli("sriov", "set", L40S, "4", "--allow-nvidia")[0] == 0
+    vf = root / "sys/bus/pci/devices/0000:3d:00.4"
+    assert not (vf / "nvidia/placement_id").exists()
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    assert cli("vm", "create", "a", "--vgpu", "L40S-2Q", "--placement-id", "22")[0] == 0
+    assert (vf / "nvidia/vgpu_params").read_text().strip() == "vgpu-placement-id=22"
+    rc, out, _ = cli("place", "--type", "L40S-24Q", "--explain")  # the record says where it is: 24Q only at 24
+    assert "placement 24" in out
+    assert cli("sim", "reboot")[0] == 0
+    rc, out, err = cli("restore")
+    assert rc == 0 and "give 0000:3d:00.4 placement ID 22" in out, out + err
+    assert (vf / "nvidia/vgpu_params").read_text().strip() == "vgpu-placement-id=22"
+
+
+def test_real_h100_without_a_vgpu_manager_is_unknown_not_an_error() -> None:
+    """Replays what NVML answered on the lent H100 (driver 580.159.04, passthrough, MIG off;
+    tests/fixtures/nvml/h100-mixed.json, from scripts/nvml_mixed_check.py): every mixed-size call NotSupported."""
+    import pynvml
+
+    from vgpumgr import nvml_mixed
+    from vgpumgr.errors import Conflict
+    from vgpumgr.nvml import nvml_error
+
+    rec = json.loads((Path(__file__).parent / "fixtures/nvml/h100-mixed.json").read_text())
+    [(_bus, gpu)] = rec["gpus"].items()
+    raw = gpu["raw"]
+
+    class Replay:
+        NVMLError = pynvml.NVMLError
+
+        def _answer(self, key: str) -> object:
+            a = raw[key]
+            if "error" in a:
+                raise pynvml.NVMLError(a["error"])
+            return a["value"]
+
+        def nvmlDeviceGetVgpuCapabilities(self, _h: object, cap: int) -> object:  # noqa: N802
+            return self._answer(f"nvmlDeviceGetVgpuCapabilities({cap})")
+
+        def nvmlDeviceGetVgpuHeterogeneousMode(self, _h: object) -> object:  # noqa: N802
+            return self._answer("nvmlDeviceGetVgpuHeterogeneousMode")
+
+        def nvmlDeviceSetVgpuHeterogeneousMode(self, _h: object, _mode: int) -> object:  # noqa: N802
+            raise pynvml.NVMLError(raw["nvmlDeviceGetVgpuHeterogeneousMode"]["error"])
+
+        def nvmlVgpuInstanceGetPlacementId(self, _i: object) -> object:  # noqa: N802
+            return self._answer("nvmlVgpuInstanceGetPlacementId(1)")
+
+    n = Replay()
+    assert {k for k, a in raw.items() if a.get("error") == pynvml.NVML_ERROR_NOT_SUPPORTED} >= {
+        "nvmlDeviceGetVgpuCapabilities(2)", "nvmlDeviceGetVgpuHeterogeneousMode"}
+    assert nvml_mixed.read(n, object(), [1131]) == {"capable": None, "mode": None, "types": {}}
+    assert nvml_mixed.instance_placement(n, 1) is None
+    try:
+        nvml_mixed.set_mode(n, object(), True)
+    except pynvml.NVMLError as exc:
+        err = nvml_error(exc, "setting the vGPU mode of 0000:00:06.0")
+    assert isinstance(err, Conflict) and "does not support it" in (err.hint or "")
+
+
+def test_a_pinned_placement_needs_mixed_size_mode(cli) -> None:  # noqa: ANN001
+    rc, _, err = cli("vm", "create", "a", "--vgpu", "L40S-2Q", "--placement-id", "4")
+    assert rc == 4 and "placement ID 4 asked for, but 0000:3d:00.0 is not in mixed-size mode" in err

@@ -1,0 +1,75 @@
+"""One GPU's placement map in mixed-size mode: which GB slots each vGPU holds (and whose VM it is), and per
+type its supported and creatable placement IDs, counted from the same rules placement uses (not from
+framebuffer arithmetic). `vgpumgr gpu slots`, GET /v1/gpus/{address}/slots and the web view show it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpumgr import ids
+from vgpumgr import placement_ids as pid
+from vgpumgr.errors import NotFound
+from vgpumgr.ops.context import Context
+from vgpumgr.placement_mixed import _slots, held
+
+
+def slot_map(svc: Context, gpu: str) -> dict[str, Any]:
+    from vgpumgr.ops.allocate import live_records
+
+    gpu = ids.pci_address(gpu)
+    snap = svc.snapshot()
+    px = snap.placer
+    if gpu not in px.gpus:
+        raise NotFound(f"no GPU {gpu}", hint="`vgpumgr gpus` lists the GPUs")
+    with svc.reads() as s:
+        records = live_records(svc, s)
+    allocs, _ = px.merged_allocations(records)
+    mine = [a for a in allocs if (a.gpu or px.physical(a.parent)) == gpu]
+    facts = (((px.gpus[gpu].nvml or {}).get("vgpu") or {}).get("mixed_size") or {})
+    region_mb = px.region_mb(gpu)
+    out: dict[str, Any] = {"gpu": gpu, "mode": facts.get("mode"), "capable": facts.get("capable"),
+                           "region_gb": region_mb // 1024 if region_mb else None, "vgpus": [], "types": []}
+    if not region_mb:
+        return out
+    region = region_mb // 1024
+    taken = held(px, gpu, region, mine)
+    out["vgpus"] = [{"placement_id": p, "size": s, "vgpu": label} for p, s, label in taken]
+    occupied = [(p, s) for p, s, _ in taken]
+    for info in sorted(px.catalogue.get(px.model_of(gpu), {}).values(),
+                       key=lambda i: (-(i.framebuffer_mb or 0), i.name)):
+        if not info.framebuffer_mb or info.mig_profile:
+            continue
+        size, supported = _slots(px, gpu, info, region)
+        out["types"].append({"type": info.type, "name": info.name, "placement_size": size,
+                             "supported": list(supported),
+                             "creatable": pid.creatable(region, supported, size, occupied)})
+    out["used_gb"] = sum(s for _, s in occupied)
+    return out
+
+
+def cells(m: dict[str, Any]) -> list[str | None]:
+    """Per GB slot, the label of the vGPU holding it (None: free)."""
+    row: list[str | None] = [None] * (m.get("region_gb") or 0)
+    for v in m["vgpus"]:
+        for i in range(v["placement_id"], min(v["placement_id"] + v["size"], len(row))):
+            row[i] = v["vgpu"]
+    return row
+
+
+def text(m: dict[str, Any]) -> str:
+    lines = [f"{m['gpu']}: {m['mode'] or 'unknown'}-size vGPU mode, {m.get('used_gb', 0)} of "
+             f"{m['region_gb'] or '?'} GB placed"]
+    row = cells(m)
+    if row:
+        marks: dict[str, str] = {}
+        letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+        for label in row:
+            if label is not None and label not in marks:
+                marks[label] = letters[len(marks) % len(letters)]
+        lines.append("map  " + "".join(marks[c] if c else "." for c in row) + "  (one character per GB)")
+        lines += [f"  {k}  {label}" for label, k in marks.items()]
+    lines.append("TYPE                 SIZE  CREATABLE PLACEMENT IDS (of supported)")
+    for t in m["types"]:
+        lines.append(f"{t['name'].split()[-1]:<20} {t['placement_size']:>4}  "
+                     f"{', '.join(map(str, t['creatable'])) or '-'} (of {len(t['supported'])})")
+    return "\n".join(lines) + "\n"
