@@ -132,7 +132,7 @@ def test_postgresql_is_upgraded_only_on_purpose(simhost: Path, pg_server: object
     monkeypatch.setenv("VGPUMGR_DB", url)
     dbs.upgrade(url, "0008_fleet_rows")  # as the release before this one left it
     rc, _, err = run("placements")
-    assert rc == 11 and "0009_rolling_upgrades" in err and "vgpumgr db upgrade" in err, err
+    assert rc == 11 and schema.SCHEMA_REVISION in err and "vgpumgr db upgrade" in err, err
     rc, out, _ = run("db", "upgrade", "--dry-run")
     assert rc == 0 and "would apply 0009_rolling_upgrades (expand)" in out
     assert dbs.stored_revision(url) == "0008_fleet_rows"
@@ -145,7 +145,7 @@ def test_postgresql_is_upgraded_only_on_purpose(simhost: Path, pg_server: object
     dbs.forget_schema(url)
     assert run("vm", "create", "web1", "--vgpu", "L40S-2Q")[0] == 0
     rows = json.loads(run("upgrade", "check", "--json")[1])
-    assert rows["ok"] and rows["vms"] == ["web1"] and rows["schema"]["database"] == "0009_rolling_upgrades"
+    assert rows["ok"] and rows["vms"] == ["web1"] and rows["schema"]["database"] == schema.SCHEMA_REVISION
     dbs.dispose_engine(url)
 
 
