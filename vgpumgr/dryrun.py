@@ -12,7 +12,7 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import NoCapacity, NotFound
-from vgpumgr.model import BACKEND_MDEV, Inventory
+from vgpumgr.model import BACKEND_MDEV, BACKEND_VF, Inventory
 from vgpumgr.placement import Allocation, Placer, Policy, Request
 
 
@@ -64,6 +64,7 @@ def plan_hostdevs(inv: Inventory, placer: Placer, records: Sequence[Allocation],
         taken.append(Allocation(gpu=c.gpu, parent=c.parent, type=c.type, framebuffer_mb=None, vm=name,
                                 backend=c.backend, id=ref, name=c.name))
         out.append(Hostdev("mdev", uuid=ref, display=display and not out) if c.backend == BACKEND_MDEV
+                   else Hostdev("passthrough", address=ref) if c.backend == BACKEND_VF  # a vendor's whole VF
                    else Hostdev("nvidia-vf", address=ref))
     out += [Hostdev("passthrough", address=ids.pci_address(a)) for a in passthrough]
     return out

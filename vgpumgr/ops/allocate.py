@@ -14,11 +14,11 @@ from sqlalchemy.orm import Session
 
 from vgpumgr import audit, ids, licensing
 from vgpumgr.backends import mdev as mdev_backend
-from vgpumgr.backends import nvidia_vf
+from vgpumgr.backends import nvidia_vf, vendor_vf
 from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
 from vgpumgr.ops import boot_records, leases
 from vgpumgr.ops.context import FAILED, Context
 from vgpumgr.ops.records import allocation_dict, placed
@@ -112,7 +112,7 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
             vm_row = store.vm_ref(s, h, vm) if vm else None
             row = store.reserve_allocation(
                 s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
-                pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
+                pci_address=c.parent if c.backend in (BACKEND_NVIDIA_VF, BACKEND_VF) else None, gpu=gpu_row, vm=vm_row,
                 type_name=c.name, series=series, idempotency_key=idempotency_key,
                 detail={"framebuffer_mb": fb, "gpu": c.gpu, **(detail or {})}, owner=leases.owner_values(svc))
             if lease_id is None or not licensing.share(s, row, lease_id):
@@ -126,6 +126,8 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
     try:
         if c.backend == BACKEND_MDEV:
             mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
+        elif c.backend == BACKEND_VF:
+            vendor_vf.claim(svc.host, c.parent)  # nothing to write: libvirt hands the whole VF over (managed)
         else:
             nvidia_vf.set_type(svc.host, c.parent, c.type)
     except BaseException as e:
@@ -301,6 +303,9 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             if backend == BACKEND_MDEV and uuid:
                 mdev_backend.remove(svc.host, uuid, grace=grace,
                                     holder_check=svc.libvirt_holders("mdev") if use_libvirt else None)
+            elif backend == BACKEND_VF and address:
+                vendor_vf.check_free(svc.host, address,
+                                     holder_check=svc.libvirt_holders("pci") if use_libvirt else None)
             elif backend == BACKEND_NVIDIA_VF and address and kernel_owner != KERNEL_OWNER_PROXMOX:
                 nvidia_vf.clear_type(svc.host, address,
                                      holder_check=svc.libvirt_holders("pci") if use_libvirt else None,
