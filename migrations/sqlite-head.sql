@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0008_fleet_rows: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0013_vendor_slices: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -185,7 +185,7 @@ CREATE TABLE gpu_boot_state (
 	address VARCHAR(16) NOT NULL, 
 	numvfs INTEGER, 
 	mig_enabled BOOLEAN, 
-	updated_at DATETIME NOT NULL, 
+	updated_at DATETIME NOT NULL, vendor_state JSON, 
 	PRIMARY KEY (id), 
 	CONSTRAINT uq_gpu_boot_state_host_address UNIQUE (host_id, address), 
 	CONSTRAINT ck_gpu_boot_state_numvfs CHECK (numvfs IS NULL OR numvfs >= 0), 
@@ -262,5 +262,5 @@ CREATE TABLE fleet_capacity (
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
 CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
-INSERT INTO "alembic_version" VALUES('0008_fleet_rows');
+INSERT INTO "alembic_version" VALUES('0013_vendor_slices');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

@@ -42,6 +42,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.restore": ("restore", "profile"),
     "vgpumgr.cli.telemetry": ("top",),
     "vgpumgr.cli.fleet": ("fleet", "host"),
+    "vgpumgr.cli.vendor": ("vendor",),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 

@@ -327,6 +327,8 @@ class GpuBootState(Base):
     numvfs: Mapped[int | None] = mapped_column(Integer)
     mig_enabled: Mapped[bool | None] = mapped_column(Boolean)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    # vendor mode steps to bring back (vgpumgr/vendor_steps.py): {"step": {...}} per step, None: nothing recorded
+    vendor_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class MigGpuInstance(Base):

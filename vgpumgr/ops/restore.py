@@ -76,6 +76,8 @@ def desired(svc: Context, profile: BootProfile | None) -> dict[str, Want]:
             want(addr).numvfs = st.numvfs
         if st.mig_enabled:
             want(addr).mig = True
+        if st.vendor_state:
+            want(addr).vendor = dict(st.vendor_state)
     for gi in gis:
         w = want(gi.gpu)
         w.mig = True

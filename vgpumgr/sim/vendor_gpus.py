@@ -60,6 +60,7 @@ def add_ascend_310p(tree: SimTree, address: str, numa: int = 0) -> None:
     tree.state["vendor_parents"][address] = {"kind": "ascend", "mode": 0, "budget": ASCEND_BUDGET,
                                              "costs": {f"vnpu-{t}": v[0] for t, v in ASCEND_310P.items()},
                                              "container_vnpus": []}
+    refresh_parent(tree, str(d))
     _write_npu_smi(tree.root)
 
 
@@ -70,9 +71,10 @@ def add_mtt_s4000(tree: SimTree, address: str, numa: int = 0) -> None:
     for t in MTT_TYPES:
         tree.add_type(d, t, None, None, 0)
     tree.state["vendor_parents"][address] = {"kind": "mthreads", "max": MTT_MAX, "memory_gb": MTT_MEMORY_GB}
+    refresh_parent(tree, str(d))
 
 
-def add_mlu370(tree: SimTree, address: str, numa: int = 0, vfs: int = 4) -> None:
+def add_mlu370(tree: SimTree, address: str, numa: int = 0, vfs: int = 0) -> None:
     add_gpu(tree, address, _pci("cabc", "0370", numa, "cambricon_drv", SRIOV, model="MLU370", totalvfs=4,
                                 numvfs=vfs, vf_driver=None))
 
@@ -203,7 +205,8 @@ def reboot(tree: SimTree, report: dict[str, Any]) -> None:
     for address, vp in tree.state.get("vendor_parents", {}).items():
         if vp["kind"] == "ascend":
             if vp["mode"]:
-                report.setdefault("vendor", {})[address] = "vnpu-mode back to 0 (container)"
+                report.setdefault("vendor", {})[address] = ("vNPU mode back to 0 (container): its vnpu types offer "
+                                                            "no instances until `npu-smi set -t vnpu-mode -d 1`")
             vp["mode"] = 0
             vp["container_vnpus"] = []
     for address, gpu in tree.state["gpus"].items():
@@ -211,10 +214,14 @@ def reboot(tree: SimTree, report: dict[str, Any]) -> None:
             _i915_reset_quotas(tree, address)
         elif gpu.get("vram_mb"):
             _xe_reset_admin(tree, address)
-    if any(g.get("driver") == "gim" for g in tree.state["gpus"].values()):
+    gim = [a for a, g in tree.state["gpus"].items() if g.get("driver") == "gim"]
+    if gim:
         gim_load(tree)
-        report.setdefault("vendor", {})["gim"] = "reloaded with vf_num=" + read_text(
-            f"{tree.root}/sys/module/gim/parameters/vf_num").strip()
+        vf_num = read_text(f"{tree.root}/sys/module/gim/parameters/vf_num").strip()
+        for address in gim:  # GIM enabled them again itself: not among the VFs a reboot leaves disabled
+            report["vfs"].pop(address, None)
+            report.setdefault("vendor", {})[address] = (f"GIM loaded again with vf_num={vf_num} "
+                                                        "(from /etc/modprobe.d/gim.conf, else its default 1)")
 
 
 # -- writes the kernel emulator hands over --------------------------------------------------------------------

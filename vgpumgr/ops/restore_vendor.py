@@ -1,0 +1,51 @@
+"""The vendor steps of `vgpumgr restore` on one card (vendor_steps.py), reported as restore's other steps:
+Ascend's vNPU VM mode set again, Intel's per-VF quotas written again before the VFs, AMD GIM's VF count checked
+(blocked with the module reload that would change it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpumgr import vendor_steps, vendors
+from vgpumgr.errors import VgpuError
+from vgpumgr.ops.restore_steps import BLOCKED, FAILED_, OK_, PLANNED
+
+ORDER = (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, vendors.STEP_I915_LMEM_QUOTA,
+         vendors.STEP_XE_VRAM_QUOTA)
+
+
+def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
+    pf = run.w.gpu
+    want = dict(run.w.vendor)
+    if vendors.STEP_GIM_VF_NUM in want and run.w.numvfs and want[vendors.STEP_GIM_VF_NUM]["vf_num"] != run.w.numvfs:
+        want[vendors.STEP_GIM_VF_NUM] = {"vf_num": run.w.numvfs}  # the later record (an allocation's) wins
+    for step in sorted(want, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        value = want[step]
+        try:
+            now = vendor_steps.read_step(run.host, pf, step, value)
+        except VgpuError as e:
+            run.step(step, pf, FAILED_, e.message, hint=e.hint)
+            continue
+        if now.ok:
+            run.step(step, pf, OK_, now.message)
+            continue
+        if step == vendors.STEP_GIM_VF_NUM:  # never written by vgpumgr
+            run.step(step, pf, BLOCKED, now.message, hint=now.hint, numvfs=now.current.get("numvfs"))
+            continue
+        if run.dry_run:
+            run.step(step, pf, PLANNED, f"would bring back {step}: {_want_text(value)} ({now.message})")
+            continue
+        try:
+            res = vendor_steps.apply(run.host, pf, step, value)
+        except VgpuError as e:
+            run.step(step, pf, FAILED_, f"{step}: {e.message}", hint=e.hint)
+            continue
+        run.step(step, pf, "done" if res.ok else BLOCKED, res.message, hint=res.hint)
+
+
+def _want_text(value: dict[str, Any]) -> str:
+    if "mode" in value:
+        return f"vnpu-mode {value['mode']}"
+    if "quotas" in value:
+        return f"{len(value['quotas'])} VF quota(s)"
+    return str(value)
