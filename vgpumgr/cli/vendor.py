@@ -47,7 +47,7 @@ def cards(host: Any) -> list[dict[str, Any]]:
 
 def _state_text(state: dict[str, Any]) -> str:
     parts = []
-    for step, v in state.items():
+    for v in state.values():
         if "mode" in v:
             parts.append(f"vnpu-mode {v['mode']} ({'VM' if v['mode'] else 'container'})")
         elif "vf_num" in v:
