@@ -206,12 +206,14 @@ def allocate_passthrough(svc: Context, address: str, *, vm: str | None = None, i
                                hint="release them first")
             gpu_row = store.upsert_gpu(s, h, address, model=g.name, vendor_id=g.vendor_id, device_id=g.device_id)
             vm_row = store.upsert_vm(s, h, vm) if vm else None
+            # NVIDIA licenses passthrough GPUs (vApps/vCS/vWS); other vendors' cards need no NVIDIA seat
+            series = licensing.PASSTHROUGH if g.vendor_id == "10de" else None
             row = store.reserve_allocation(s, h, backend=BACKEND_PASSTHROUGH, parent=address,
                                            type_id=store.PASSTHROUGH_TYPE, pci_address=address, gpu=gpu_row,
-                                           vm=vm_row, type_name=g.name, series=licensing.PASSTHROUGH,
+                                           vm=vm_row, type_name=g.name, series=series,
                                            idempotency_key=idempotency_key, detail={"gpu": address},
                                            owner=leases.owner_values(svc) if leases.is_holding() else None)
-            licensing.acquire(s, vm_row, gpu_row, licensing.PASSTHROUGH, svc.licence_mode, allocation=row,
+            licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
                               actor=actor or svc.cfg.actor, host_name=svc.hostname)
             store.activate(s, row, keep_owner=leases.is_holding())
             svc.event(s, audit.PLACEMENT, actor=actor, gpu=address, vm=vm, vgpu=address,
