@@ -171,15 +171,24 @@ def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) ->
                           "quotas are written before VFs are enabled: release the VFs' VMs, "
                           f"`vgpumgr sriov set {pf} 0`, then run this again")
     paths = _quota_paths(host, pf, p)
-    if p.family == "intel-i915":  # lower first: i915 checks each write against what is free
-        for n in paths:
-            if str(n) not in want and read_int(paths[n], 0):
-                write(host, Path(paths[n]), "0", f"clearing the lmem_quota of VF {n} on {pf}")
-    for k, v in sorted(want.items(), key=lambda kv: int(kv[0])):
-        if int(k) not in paths:
-            raise InvalidInput(f"{pf} has no VF {k}", hint=f"it offers {len(paths)} VFs")
-        write(host, Path(paths[int(k)]), str(v), f"writing the memory quota of VF {k} on {pf}")
+    missing = [k for k in want if int(k) not in paths]
+    if missing:
+        raise InvalidInput(f"{pf} has no VF {missing[0]}", hint=f"it offers {len(paths)} VFs")
+    before = {n: read_int(path, 0) or 0 for n, path in paths.items()}
+    target = {n: want.get(str(n), 0 if p.family == "intel-i915" else before[n]) for n in paths}
+    try:
+        _write_quotas(host, pf, paths, before, target)
+    except VgpuError:
+        _write_quotas(host, pf, paths, {n: read_int(paths[n], 0) or 0 for n in paths}, before)  # nothing half-set
+        raise
     return StepResult(step, pf, True, f"per-VF memory quotas written ({_quota_text(want)})", want)
+
+
+def _write_quotas(host: Host, pf: str, paths: dict[int, str], now: dict[int, int], target: dict[int, int]) -> None:
+    """Lowered quotas first (the driver checks each write against what is free), then raised ones."""
+    changes = [(n, v) for n, v in target.items() if v != now[n]]
+    for n, v in sorted(changes, key=lambda c: (c[1] > now[c[0]], c[0])):
+        write(host, Path(paths[n]), str(v), f"writing the memory quota of VF {n} on {pf}")
 
 
 def _quota_text(q: dict[str, int]) -> str:

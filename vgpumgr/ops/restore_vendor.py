@@ -49,3 +49,19 @@ def _want_text(value: dict[str, Any]) -> str:
     if "quotas" in value:
         return f"{len(value['quotas'])} VF quota(s)"
     return str(value)
+
+
+def ensure_vnpu_mode(svc: Any, parent: str | None, type_id: str | None, actor: str | None = None) -> None:
+    """Before an Ascend vNPU mdev is made again (a hook's prepare, a VM's start after a reboot): the card's VM
+    mode, which the reboot took, set again and audited. Other types and parents pass untouched."""
+    from vgpumgr import ids
+
+    if not (type_id and type_id.startswith("vnpu-") and parent and ids.is_pci_address(parent)):
+        return
+    pf = ids.pci_address(parent)
+    if vendor_steps.ascend_mode(svc.host, pf) == 1:
+        return
+    res = vendor_steps.set_ascend_mode(svc.host, pf, 1)
+    svc.invalidate()
+    with svc.tx() as s:
+        svc.event(s, f"vendor.{vendors.STEP_ASCEND_VM_MODE}", actor=actor, gpu=pf, detail={"message": res.message})

@@ -171,6 +171,9 @@ def _ensure_devices(svc: Context, name: str, actor: str | None) -> list[str]:
     restored = []
     for a in alloc.allocations(svc, vm=name, live=True):
         if a["backend"] == BACKEND_MDEV and mdev_backend.get(svc.host, a["uuid"]) is None:
+            from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
+
+            ensure_vnpu_mode(svc, a["parent"], a["type"], actor)
             mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
             restored.append(a["uuid"])
         elif a["backend"] == BACKEND_NVIDIA_VF and nvidia_vf.current(svc.host, a["pci_address"]) == 0:
