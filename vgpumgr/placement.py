@@ -515,7 +515,9 @@ def _place(px: Placer, records: Sequence[Allocation], request: Request, policy: 
         if whole:
             raise InvalidInput(f"'{wanted}' cannot be a slice on this host: {whole}",
                                hint="a passthrough-only card has no vGPU types")
-        raise NotFound(f"no parent on this host offers vGPU type '{wanted}'", hint=_close_names(px, wanted))
+        hint = vendors.no_vfs_hint(wanted, [(g.address, g.vendor_id, g.device_id, g.sriov.numvfs) for g in px.inv.gpus
+                                            if g.sriov is not None]) or _close_names(px, wanted)
+        raise NotFound(f"no parent on this host offers vGPU type '{wanted}'", hint=hint)
 
     fits: list[tuple[tuple[Any, ...], Candidate]] = []
     rejected: list[Rejection] = []

@@ -195,3 +195,19 @@ def vf_slice_name(card: Profile, numvfs: int) -> tuple[str, str]:
         suffix = f"1of{numvfs}"
     vendor = VENDOR_NAMES.get(card.vendor_id, card.vendor_id)
     return f"vf-{re.sub(r'[^a-z0-9]+', '', token.lower())}_{suffix.lower()}", f"{vendor} {token}-{suffix}"
+
+
+def no_vfs_hint(wanted: str, cards: list[tuple[str, str, str, int]]) -> str | None:
+    """A hint when `wanted` names a VF slice of a card whose VFs are not enabled. `cards`: (address, vendor,
+    device, numvfs) of SR-IOV physical functions."""
+    w = wanted.lower()
+    for address, vendor, device, numvfs in cards:
+        p = profile(vendor, device)
+        if p is None or numvfs or p.mechanism not in (SRIOV, MODULE_VFS):
+            continue
+        token = vf_slice_name(p, 1)[1].split()[-1].rsplit("-", 1)[0].lower()
+        if w.startswith(token) or w.startswith("vf-" + re.sub(r"[^a-z0-9]+", "", token)):
+            how = (f"`vgpumgr vendor prepare {address} --vfs N`" if p.mechanism == SRIOV else
+                   "GIM makes them at load (`modprobe gim vf_num=N`)")
+            return f"{p.name} at {address} has no VFs enabled: {how}"
+    return None
