@@ -3,7 +3,7 @@
 A vendor is a profile over the mechanism backends, never a code path of its own: its PCI ids and names (many
 are missing from pci.ids), the mechanism that gives VMs a share (mdev, SR-IOV VFs through `sriov_numvfs`, VFs
 fixed by a module parameter, or whole-device passthrough only), how a slice's size is read, and the mode step
-that must run before slices appear. Every fact has its public source in docs/sources.md §18; what no source
+that must run before slices appear. Every fact has its public source in docs/sources.md §21; what no source
 confirmed is marked `unconfirmed` here and in the README's vendor table.
 """
 

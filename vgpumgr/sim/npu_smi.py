@@ -1,5 +1,5 @@
 """The simulated root's `npu-smi` (usr/local/sbin/npu-smi): the commands vgpumgr and the tests use, with their
-effects on the simulated Ascend cards (docs/sources.md §18.1).
+effects on the simulated Ascend cards (docs/sources.md §21.1).
 
 - `npu-smi set -t vnpu-mode -d 0|1`: container (0) or VM (1) mode, for every card on the host (the vendor's
   command ignores `-i`); refused while vNPUs of the other mode exist. In VM mode the vascend mdev types offer

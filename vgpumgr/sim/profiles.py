@@ -142,7 +142,7 @@ def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
         add_gpu(tree, f"0000:{bus:02x}:00.0", make(copy % 2))
 
 
-# accelerators besides NVIDIA (sim/vendor_gpus.py; sources in docs/sources.md §18), each on its own bus
+# accelerators besides NVIDIA (sim/vendor_gpus.py; sources in docs/sources.md §21), each on its own bus
 VENDOR_CARDS: dict[str, Callable[[SimTree], None]] = {
     "ascend-310p": lambda t: vendor_gpus.add_ascend_310p(t, "0000:81:00.0", 1),
     "ascend-910b": lambda t: vendor_gpus.add_passthrough_card(t, "0000:83:00.0", "19e5", "d802",

@@ -1,5 +1,5 @@
 """Simulated accelerators besides NVIDIA, laid out from their vendors' driver sources and documents
-(docs/sources.md §18; values the simulator had to choose are listed in §18.9):
+(docs/sources.md §21; values the simulator had to choose are listed in §21.7):
 
 - Huawei Ascend 310P: a vendor mdev parent on the PF (`vnpu-vir01/02/04` types with the vascend driver's
   description fields), no instances until `npu-smi set -t vnpu-mode -d 1` (emulated by sim/npu_smi.py, which
@@ -29,7 +29,7 @@ ACCEL_CLASS = "0x120000"  # processing accelerator
 
 # Ascend 310P templates: (aicore, memory GB, aicpu, vpc, venc, vdec); cores and memory as HAMi models them
 ASCEND_310P = {"vir01": (1, 3, 1, 1, 0, 1), "vir02": (2, 6, 2, 2, 1, 3), "vir04": (4, 12, 4, 4, 3, 6)}
-ASCEND_BUDGET = 7  # per PF in VM mode: vir01=7, vir02=3, vir04=1 observed on a 300I Duo (docs/sources.md §18.1)
+ASCEND_BUDGET = 7  # per PF in VM mode: vir01=7, vir02=3, vir04=1 observed on a 300I Duo (docs/sources.md §21.1)
 # Moore Threads S4000 (Quyuan2: at most 8 vGPUs per chip), types from vgpu_types.h
 MTT_TYPES = ("mtgpu-1101", "mtgpu-1102", "mtgpu-1104", "mtgpu-1108", "mtgpu-2116", "mtgpu-2132")
 MTT_MAX = 8
