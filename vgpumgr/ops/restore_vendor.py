@@ -8,7 +8,10 @@ from typing import Any
 
 from vgpumgr import vendor_steps, vendors
 from vgpumgr.errors import VgpuError
-from vgpumgr.ops.restore_steps import BLOCKED, FAILED_, OK_, PLANNED
+
+# restore's step statuses (restore_steps.py names them; repeated here so that the two modules need not import
+# each other)
+OK_, DONE, PLANNED, BLOCKED, FAILED_ = "ok", "done", "planned", "blocked", "failed"
 
 ORDER = (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, vendors.STEP_I915_LMEM_QUOTA,
          vendors.STEP_XE_VRAM_QUOTA)
@@ -40,7 +43,7 @@ def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
         except VgpuError as e:
             run.step(step, pf, FAILED_, f"{step}: {e.message}", hint=e.hint)
             continue
-        run.step(step, pf, "done" if res.ok else BLOCKED, res.message, hint=res.hint)
+        run.step(step, pf, DONE if res.ok else BLOCKED, res.message, hint=res.hint)
 
 
 def _want_text(value: dict[str, Any]) -> str:

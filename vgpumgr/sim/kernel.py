@@ -102,7 +102,7 @@ class KernelEmulator:
             self._sriov_numvfs(tree, Path(parent), data)
         elif name == "current_vgpu_type" and os.path.basename(parent) == "nvidia":
             self._current_vgpu_type(tree, os.path.dirname(parent), data)
-        elif vendor_gpus.quota_write(tree, real, data):
+        elif vendor_gpus.quota_write(tree, real, data, kstrto):
             pass
         elif name == "driver_override":
             value = data.strip()

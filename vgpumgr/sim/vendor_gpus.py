@@ -14,8 +14,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +177,10 @@ def refresh_parent(tree: SimTree, pdir: str) -> bool:
     return True
 
 
+def _err(code: int, what: str) -> OSError:
+    return OSError(code, os.strerror(code), what)
+
+
 def _mtt_gb(type_dir: str) -> int:
     return int(type_dir[-2:])
 
@@ -227,17 +233,14 @@ def reboot(tree: SimTree, report: dict[str, Any]) -> None:
 # -- writes the kernel emulator hands over --------------------------------------------------------------------
 
 
-def quota_write(tree: SimTree, real: str, data: str) -> bool:
-    """i915 `iov/vfN/gt/lmem_quota` and xe `sriov_admin/vfN/profile/vram_quota`: False when `real` is neither."""
-    import errno
-
-    from vgpumgr.sim.kernel import _err, kstrto
-
+def quota_write(tree: SimTree, real: str, data: str, parse: Callable[[str, str], int]) -> bool:
+    """i915 `iov/vfN/gt/lmem_quota` and xe `sriov_admin/vfN/profile/vram_quota`: False when `real` is neither.
+    `parse`: the kernel's kstrto (kernel.py hands it over)."""
     m = re.search(r"/drm/card\d+/iov/vf(\d+)/gt/lmem_quota$", real)
     x = re.search(r"/sriov_admin/vf(\d+)/profile/vram_quota$", real)
     if not (m or x):
         return False
-    value = kstrto(data, os.path.basename(real))
+    value = parse(data, os.path.basename(real))
     pfdir = real.split("/drm/card")[0] if m else real.split("/sriov_admin/")[0]
     numvfs = int(read_text(f"{pfdir}/sriov_numvfs"))
     if x:
