@@ -154,7 +154,10 @@ def test_restore_after_reboot_brings_back_every_vendor_step(host: Host) -> None:
     for slice_, name in vms.items():
         ok("vm", "create", name, "--vgpu", slice_)
     ok("sim", "reboot")
-    assert run("reconcile")[0] == 10  # the two mdevs are gone
+    rc, out, _ = run("reconcile", "--json")
+    missing = set(json.loads(out)["missing"])
+    assert rc == 10 and {"0000:87:00.4", "0000:8b:00.4", "0000:8d:00.4"} <= missing  # VFs gone; GIM's came back
+    assert "0000:89:00.4" not in missing and len(missing) == 5  # and the two mdevs
     dry = json.loads(ok("restore", "--dry-run", "--json"))
     steps = {(g["gpu"], s["step"]): s["status"] for g in dry["gpus"] for s in g["steps"]}
     assert steps[(ASCEND, "ascend-vnpu-vm-mode")] == "planned"
@@ -171,6 +174,19 @@ def test_restore_after_reboot_brings_back_every_vendor_step(host: Host) -> None:
     assert run("reconcile")[0] == 0
     again = json.loads(ok("restore", "--json"))
     assert set(again["counts"]) == {"ok"}
+
+
+def test_reconcile_fix_after_reboot(host: Host) -> None:
+    ok("vendor", "prepare", ASCEND)
+    ok("vendor", "prepare", MLU, "--vfs", "4")
+    uuid = json.loads(ok("vm", "create", vm("c"), "--vgpu", "vnpu-vir01", "--json"))["allocations"][0]["uuid"]
+    ok("vm", "create", vm("c"), "--vgpu", "MLU370-S4-1of4")
+    ok("sim", "reboot")
+    rc, out, err = run("reconcile", "--fix")
+    assert rc != 0 and "VF 0000:87:00.4 is gone" in out + err and "`vgpumgr restore` enables" in out + err
+    assert host.mdev(uuid).exists()  # the vNPU is back, the card's VM mode set again first
+    ok("restore")
+    assert run("reconcile")[0] == 0
 
 
 def test_amd_restore_checks_the_vf_count_and_names_the_reload(host: Host) -> None:
