@@ -137,6 +137,17 @@ def test_vendor_prepare_bad_input(host: Host) -> None:
     assert (iov / "pf/gt/available/lmem_free").read_text() == f"{16000 << 20}\n"
 
 
+def test_vnpu_needs_vm_mode_and_shows_its_backing_vf(host: Host) -> None:
+    rc, _, err = run("vm", "create", vm("m"), "--vgpu", "vnpu-vir01")
+    assert rc == 4 and f"only in VM mode: `vgpumgr vendor prepare {ASCEND}`" in err
+    ok("vendor", "prepare", ASCEND)
+    a = json.loads(ok("vm", "create", vm("m"), "--vgpu", "vnpu-vir01", "--json"))["allocations"][0]
+    listed = ok("mdev", "list")
+    assert "BACKING VF" in listed and f"{a['uuid']}  {ASCEND}  vnpu-vir01" in listed and "0000:81:00.1" in listed
+    [m] = json.loads(ok("mdev", "list", "--json"))
+    assert m["backing_vf"] == "0000:81:00.1"
+
+
 def test_ascend_mode_refused_while_container_vnpus_exist(host: Host) -> None:
     import subprocess
 

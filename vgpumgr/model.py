@@ -94,9 +94,13 @@ class Mdev:
     type: str
     iommu_group: int | None
     gpu: str | None = None
+    backing_vf: str | None = None  # Ascend vNPU: the SR-IOV VF the driver backs it with (hw_vdavinci/vf)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["backing_vf"] is None:
+            d.pop("backing_vf")
+        return d
 
 
 @dataclass

@@ -787,6 +787,8 @@ def _generic_refusal(g: _Group, load: _GpuLoad) -> tuple[str | None, float, str]
     usage = f"{existing} device(s), {max(left, 0)} more available"
     if left <= 0:
         extra = f", {reserved} reserved" if reserved else ""
+        if t.type.startswith("vnpu-") and existing == 0 and t.available_instances == 0:
+            extra += f" (an Ascend card offers vNPUs only in VM mode: `vgpumgr vendor prepare {t.parent}`)"
         return f"available_instances {t.available_instances} on {t.parent}{extra}", share, usage
     return None, share, usage
 

@@ -236,6 +236,7 @@ def read_mdev(host: Host, uuid: str, parents: set[str] | None = None) -> Mdev | 
     if parents is not None and parent not in parents:
         return None
     group = link_name(f"{link}/iommu_group")
-    return Mdev(uuid=uuid, parent=parent, type=link_name(f"{link}/mdev_type") or "?",
-                iommu_group=int(group) if group and group.isdigit() else None,
-                gpu=physical_gpu(host, parent))
+    type_dir = link_name(f"{link}/mdev_type") or "?"
+    backing = read(f"{link}/hw_vdavinci/vf") if type_dir.startswith("vnpu-") else None
+    return Mdev(uuid=uuid, parent=parent, type=type_dir, iommu_group=int(group) if group and group.isdigit() else None,
+                gpu=physical_gpu(host, parent), backing_vf=backing or None)
