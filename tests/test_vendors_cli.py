@@ -117,6 +117,12 @@ def test_passthrough_only_cards(host: Host) -> None:
     a = json.loads(ok("vm", "create", name, "--passthrough", ASCEND_910B, "--json"))["allocations"][0]
     assert (a["backend"], a["type_name"], a["licence"], a["series"]) == ("passthrough", "Huawei Ascend 910B", None,
                                                                          None)
+    # by model: the lowest free card of it; none left -> refused with each one's reason
+    rc, _, err = run("vm", "create", vm("w"), "--passthrough", "Ascend 910B")
+    assert rc == 4 and f"every Ascend 910B on this host is in use: {ASCEND_910B}" in err
+    b = json.loads(ok("vm", "create", vm("w"), "--passthrough", "K100_AI", "--json"))["allocations"][0]
+    assert b["pci_address"] == "0000:8f:00.0"
+    assert run("vm", "create", vm("w"), "--passthrough", "Ascend 950")[0] == 3
     # an NVIDIA GPU passed through still needs its seat (licence mode enforce, no pool)
     rc, _, err = run("vm", "create", vm("n"), "--passthrough", "0000:3b:00.0")
     assert rc == 4 and "licence seat" in err
