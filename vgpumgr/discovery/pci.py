@@ -59,9 +59,12 @@ def read_function(host: Host, address: str, names: PciNames | None = None) -> Gp
 def is_display(host: Host, address: str) -> bool:
     """A display-class function, or a processing accelerator of a vendor in vgpumgr/vendors.py."""
     cls = read_int(f"{host.pci_devices}/{address}/class")
-    if cls is not None and (cls >> 16) == DISPLAY_CLASS:
+    if cls is None:
+        return False
+    if (cls >> 16) == DISPLAY_CLASS:
         return True
-    return vendors.is_accelerator(_hex(read(f"{host.pci_devices}/{address}/vendor")) or "", cls)
+    return (cls >> 16) == vendors.ACCELERATOR_CLASS and vendors.is_accelerator(
+        _hex(read(f"{host.pci_devices}/{address}/vendor")) or "", cls)  # the vendor read only for class 0x12
 
 
 def vendor_vf(vendor: str, device: str) -> bool:
