@@ -29,22 +29,6 @@ def _cfg(args: argparse.Namespace):  # noqa: ANN202
     return config(args)
 
 
-def cards(host: Any) -> list[dict[str, Any]]:
-    from vgpumgr import vendor_steps, vendors
-    from vgpumgr.discovery.pci import discover_gpus
-
-    out = []
-    for g in discover_gpus(host):
-        p = vendors.profile(g.vendor_id, g.device_id)
-        if p is None or g.is_vf:
-            continue
-        out.append({"address": g.address, "name": p.name, "mechanism": p.mechanism, "driver": g.driver,
-                    "vfs": f"{g.sriov.numvfs}/{g.sriov.totalvfs}" if g.sriov else None,
-                    "state": vendor_steps.observed(host, g.address), "note": p.note,
-                    "unconfirmed": list(p.unconfirmed)})
-    return out
-
-
 def _state_text(state: dict[str, Any]) -> str:
     parts = []
     for v in state.values():
@@ -59,6 +43,8 @@ def _state_text(state: dict[str, Any]) -> str:
 
 
 def list_(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.ops.vendor import cards
+
     found = cards(_cfg(args).host)
     if args.json:
         dump_json(out, found)

@@ -72,3 +72,19 @@ def _sriov(cfg: Config, pf: str, card: vendors.Profile, vfs: int, vf_memory_mib:
     made = sriov.set_numvfs(host, pf, vfs)
     out.append(vendor_steps.StepResult("vfs", pf, True, f"{len(made)} VFs enabled", len(made)))
     return out
+
+
+def cards(host: Any) -> list[dict[str, Any]]:
+    """The host's cards with a vendor profile (`vgpumgr vendor list`): mechanism, driver, VFs, mode-step state."""
+    from vgpumgr.discovery.pci import discover_gpus
+
+    out = []
+    for g in discover_gpus(host):
+        p = vendors.profile(g.vendor_id, g.device_id)
+        if p is None or g.is_vf:
+            continue
+        out.append({"address": g.address, "name": p.name, "mechanism": p.mechanism, "driver": g.driver,
+                    "vfs": f"{g.sriov.numvfs}/{g.sriov.totalvfs}" if g.sriov else None,
+                    "state": vendor_steps.observed(host, g.address), "note": p.note,
+                    "unconfirmed": list(p.unconfirmed)})
+    return out
