@@ -243,8 +243,19 @@ def test_vm_start_after_reboot_sets_vnpu_mode_again(host: Host) -> None:
     assert "vnpu-mode 1 (VM)" in ok("vendor", "list")
 
 
+def test_listings_golden(host: Host) -> None:
+    from test_cli import golden
+
+    for cmd in (("gpus", "--no-nvml"), ("types",), ("vendor", "list")):
+        golden(f"all-{'-'.join(c for c in cmd if not c.startswith('-'))}.txt", ok(*cmd))
+        golden(f"all-{'-'.join(c for c in cmd if not c.startswith('-'))}.json", ok(*cmd, "--json"))
+
+
 def test_demo_profile_all(tmp_path: Path) -> None:
+    from test_cli import demo_text, golden
+
     out = ok("demo", "--profile", "all", "--dir", str(tmp_path / "demo"))
+    golden("demo-all.txt", demo_text(out, str(tmp_path / "demo")))  # the same steps and output, whatever its speed
     for name in ("Huawei Ascend 310P", "Huawei Ascend 910B", "Moore Threads MTT S4000", "Cambricon MLU370-S4",
                  "AMD Instinct MI300X", "Intel Data Center GPU Flex 170", "Intel Arc Pro B60", "Hygon DCU K100_AI",
                  "MetaX C500", "Enflame S60", "NVIDIA TU104GL [Tesla T4]"):
