@@ -60,6 +60,10 @@ def test_rest_allocates_a_vendor_slice(env: ApiEnv) -> None:
     r = env.client.post("/v1/vgpus", json={"type": "Flex170-1of4", "vm": "rest1"}, headers=env.headers["operator"])
     assert r.status_code == 201, r.text
     assert (r.json()["backend"], r.json()["pci_address"]) == ("vf", "0000:8b:00.4")
+    cards = {c["address"]: c for c in env.client.get("/v1/vendors", headers=env.headers["auditor"]).json()}
+    assert cards[FLEX]["state"]["i915-lmem-quota"]["quotas"]["4"] == 4000 << 20
+    assert (cards[MI300X]["mechanism"], cards[K100]["mechanism"]) == ("module-vfs", "passthrough")
+    assert env.client.get("/v1/vendors").status_code == 401
     metrics = env.client.get("/metrics", headers=env.headers["auditor"]).text
     m = re.search(rf'vgpumgr_vendor_slice_memory_bytes{{gpu="{FLEX}",parent="0000:8b:00.4",'
                   rf'type="vf-flex170_1of4"}} (\S+)', metrics)

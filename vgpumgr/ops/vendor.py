@@ -88,3 +88,8 @@ def cards(host: Any) -> list[dict[str, Any]]:
                     "state": vendor_steps.observed(host, g.address), "note": p.note,
                     "unconfirmed": list(p.unconfirmed)})
     return out
+
+
+def cards_of(svc: Any) -> list[dict[str, Any]]:
+    """`cards` of the service's host (GET /v1/vendors)."""
+    return cards(svc.host)
