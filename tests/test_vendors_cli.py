@@ -219,6 +219,19 @@ def test_amd_restore_checks_the_vf_count_and_names_the_reload(host: Host) -> Non
     assert rc == 4 and "(CPX/NPS4)" in out
 
 
+def test_a_boot_profile_s_vf_count_on_gim_is_checked_not_written(host: Host, tmp_path: Path) -> None:
+    profile = tmp_path / "profile.toml"
+    profile.write_text(f'[[gpu]]\naddress = "{MI300X}"\nvfs = 8\n\n[[gpu]]\naddress = "{MLU}"\nvfs = 2\n')
+    done = json.loads(ok("restore", "--profile", str(profile), "--json"))
+    steps = {(g["gpu"], s["step"]): (s["status"], s["message"]) for g in done["gpus"] for s in g["steps"]}
+    assert steps[(MI300X, "gim-vf-num")][0] == "ok" and (MI300X, "vfs") not in steps
+    assert steps[(MLU, "vfs")][0] == "done"  # Cambricon's VFs are written through sriov_numvfs
+    profile.write_text(f'[[gpu]]\naddress = "{MI300X}"\nvfs = 1\n')
+    rc, out, _ = run("restore", "--profile", str(profile))
+    assert rc == 4 and "modprobe gim vf_num=1" in out
+    assert (host.pci(MI300X) / "sriov_numvfs").read_text() == "8\n"
+
+
 def test_libvirt_prepare_recreates_a_vnpu_after_reboot(host: Host) -> None:
     from vgpumgr.config import Config
     from vgpumgr.service import Service

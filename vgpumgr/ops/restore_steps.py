@@ -94,7 +94,7 @@ class GpuRun:
         return True
 
     def all(self) -> None:
-        if self.w.vendor:
+        if self.w.vendor or (self.w.numvfs and _fixed_vf_count(self.host, self.w.gpu)):
             from vgpumgr.ops.restore_vendor import run_vendor_steps
 
             run_vendor_steps(self)  # before the VFs: Ascend's mode, Intel's quotas; AMD's VF count is checked there

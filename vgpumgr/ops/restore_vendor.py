@@ -20,8 +20,8 @@ ORDER = (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, vendors.STEP_I915
 def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
     pf = run.w.gpu
     want = dict(run.w.vendor)
-    if vendors.STEP_GIM_VF_NUM in want and run.w.numvfs and want[vendors.STEP_GIM_VF_NUM]["vf_num"] != run.w.numvfs:
-        want[vendors.STEP_GIM_VF_NUM] = {"vf_num": run.w.numvfs}  # the later record (an allocation's) wins
+    if run.w.numvfs and vendor_steps.fixed_vf_count(run.host, pf):
+        want[vendors.STEP_GIM_VF_NUM] = {"vf_num": run.w.numvfs}  # the recorded VF count is what GIM must have made
     for step in sorted(want, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
         value = want[step]
         try:
