@@ -102,6 +102,19 @@ def test_release_gives_the_vf_back(host: Host) -> None:
     assert "8 of 8 VFs free" in ok("place", "--type", "MI300X-CPX", "--explain")
 
 
+def test_a_held_vf_is_neither_placed_nor_released(host: Host) -> None:
+    ok("sim", "hold", "0000:89:00.4")  # a process (a VM nobody recorded) holds the VF's VFIO group
+    types = {t["parent"]: t for t in json.loads(ok("types", "--json", "--parent", MI300X))}
+    assert types["0000:89:00.4"]["available_instances"] == 0 and types["0000:89:00.5"]["available_instances"] == 1
+    name = vm("h")
+    a = json.loads(ok("vm", "create", name, "--vgpu", "MI300X-CPX", "--json"))["allocations"][0]
+    assert a["pci_address"] == "0000:89:00.5"
+    ok("sim", "hold", "0000:89:00.5")
+    rc, _, err = run("release", "0000:89:00.5")
+    assert rc == 4 and "in use by" in err
+    assert "0000:89:00.5" in ok("placements")
+
+
 def test_print_xml_of_a_vendor_vf_validates(host: Host) -> None:
     xml = ok("vm", "create", vm("p"), "--vgpu", "MI300X-CPX", "--print-xml", "--validate")
     assert "managed=\"yes\"" in xml and 'bus="0x89"' in xml

@@ -137,7 +137,7 @@ def passthrough_refusal(wanted: str, cards: list[tuple[str, str, str]]) -> str |
             continue
         tokens = {p.model.lower(), p.model.lower().split()[-1], *(t.lower() for t in p.templates),
                   *(f"vnpu-{t.lower()}" for t in p.templates)}
-        if w in tokens or any(tok in w for tok in (p.model.lower(), p.model.lower().split()[-1])):
+        if w in tokens or any(len(tok) >= 4 and tok in w for tok in (p.model.lower(), p.model.lower().split()[-1])):
             return (f"{p.name} ({address}) gives VMs whole devices only ({p.note}); "
                     f"pass it through: `vgpumgr vm create NAME --passthrough {address}`")
     return None

@@ -5,7 +5,6 @@ AMD's partition mode and VF count, else an equal share of the card)."""
 from __future__ import annotations
 
 from vgpumgr import vendors
-from vgpumgr.backends.common import vfio_holders
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
 from vgpumgr.host import Host
 from vgpumgr.kinds import BACKEND_VF
@@ -55,10 +54,36 @@ def slice_facts(host: Host, pf: str, card: vendors.Profile, index: int, numvfs: 
     return mem, params
 
 
+def _held_groups(host: Host) -> set[str]:
+    """The IOMMU groups whose /dev/vfio node some process holds open (a VM using the VF)."""
+    import os
+
+    out: set[str] = set()
+    proc = str(host.proc)
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            fds = os.listdir(f"{proc}/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{proc}/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/vfio/"):
+                out.add(target[len("/dev/vfio/"):])
+    return out
+
+
 def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
     from vgpumgr.model import VgpuType
 
     out: list[VgpuType] = []
+    held_groups: set[str] | None = None
     base = str(host.pci_devices)
     for pf in listdir(base):
         if read_int(f"{base}/{pf}/sriov_totalvfs") is None:
@@ -73,7 +98,9 @@ def discover_types(host: Host, parent: str | None = None) -> list[VgpuType]:
                 continue
             mem, params = slice_facts(host, pf, card, index, numvfs)
             group = link_name(f"{base}/{vf}/iommu_group")
-            held = vfio_holders(host, int(group) if group and group.isdigit() else None)
+            if held_groups is None:
+                held_groups = _held_groups(host)  # /proc read once per scan, only on a host with such cards
+            held = group in held_groups
             desc = ", ".join(f"{k}={v}" for k, v in params.items() if k != "vendor")
             out.append(VgpuType(parent=vf, type=tid, name=name, description=f"memory={mem}M, {desc}" if mem else desc,
                                 device_api="vfio-pci", available_instances=0 if held else 1, backend=BACKEND_VF,
