@@ -118,6 +118,8 @@ def test_a_held_vf_is_neither_placed_nor_released(host: Host) -> None:
 def test_print_xml_of_a_vendor_vf_validates(host: Host) -> None:
     xml = ok("vm", "create", vm("p"), "--vgpu", "MI300X-CPX", "--print-xml", "--validate")
     assert "managed=\"yes\"" in xml and 'bus="0x89"' in xml
+    xml = ok("vm", "create", vm("p"), "--passthrough", "Enflame S60", "--print-xml", "--validate")
+    assert 'bus="0x93"' in xml
 
 
 def test_passthrough_only_cards(host: Host) -> None:
