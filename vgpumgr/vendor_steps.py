@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpumgr import ids, vendors
-from vgpumgr.backends.common import write
+from vgpumgr.backends.common import wait_for, write
 from vgpumgr.discovery.fs import listdir, read, read_int
 from vgpumgr.errors import Conflict, InvalidInput, NotFound, Unavailable, VgpuError
 from vgpumgr.host import Host
@@ -100,8 +100,7 @@ def set_ascend_mode(host: Host, pf: str, mode: int) -> StepResult:
     if ascend_mode(host, pf) == mode:
         return StepResult(step, pf, True, f"vNPU mode {mode} ({'VM' if mode else 'container'}) in place", mode)
     run_tool([npu_smi(host), "set", "-t", "vnpu-mode", "-d", str(mode)], f"setting vNPU mode {mode} on {pf}")
-    now = ascend_mode(host, pf)
-    if now != mode:
+    if not wait_for(lambda: ascend_mode(host, pf) == mode, 0 if host.simulated else 10.0, 0.1):
         raise VgpuError(f"npu-smi set vnpu-mode {mode}, but {pf}'s vNPU types still offer "
                         f"{'no ' if mode else ''}instances", hint="check `npu-smi info` and the vascend driver")
     return StepResult(step, pf, True, f"vNPU mode set to {mode} ({'VM' if mode else 'container'})", mode)
