@@ -174,3 +174,13 @@ def test_vendor_profiles_build_alone(tmp_path: Path) -> None:
         host = make(tmp_path, profile)
         [g] = discover_gpus(host)
         assert g.backends == ["passthrough"] and discover_types(host) == []
+
+
+def test_vendor_profiles_refuse_scale_and_vfs(tmp_path: Path) -> None:
+    from vgpumgr.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="--scale 1 only"):
+        make(tmp_path, "all", scale=2)
+    with pytest.raises(InvalidInput, match="vendor prepare"):
+        make(tmp_path, "mlu370", vfs=2)
+    assert not (tmp_path / "sim-all").exists() and not (tmp_path / "sim-mlu370").exists()  # nothing half-made

@@ -125,6 +125,9 @@ def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
     if profile in VENDOR_PROFILES:
         if scale != 1:
             raise InvalidInput(f"profile {profile} is built at --scale 1 only", hint="leave --scale out")
+        if vfs is not None and profile != "all":
+            raise InvalidInput(f"profile {profile} starts as its driver leaves the card after a boot",
+                               hint="leave --vfs out; `vgpumgr vendor prepare BDF --vfs N` enables VFs")
         if profile == "all":
             add_gpu(tree, "0000:00:02.0", _gvtg())
             for base, make in models["mixed"]:
