@@ -39,6 +39,7 @@ class _StateCollector(Collector):
             for model, n in sorted(Counter(g.name for g in inv.gpus if not g.is_vf).items()):
                 gpus.add_metric([model], n)
             yield gpus
+            yield from vendor_slice_metrics(inv)
             vgpus = GaugeMetricFamily("vgpumgr_vgpus", "vGPU allocations of this host (reserved/active)",
                                       labels=["type", "state"])
             with svc.sessions() as s:
@@ -81,6 +82,28 @@ _VGPU_METRICS = (  # name, help, how to read it from a snapshot row
     ("vgpumgr_vgpu_licence_expiry_timestamp_seconds", "when the guest's licence expires",
      lambda r: r["licence"]["expiry"]),
 )
+
+
+def vendor_slice_metrics(inv: Any) -> Iterator[Metric]:
+    """Other vendors' slices as sysfs sizes them (Ascend/Moore Threads mdev types, SR-IOV VFs with Intel's quotas or
+    AMD's partition): memory per slice, and how many the driver offers now."""
+    from vgpumgr.kinds import BACKEND_VF
+
+    mem = GaugeMetricFamily("vgpumgr_vendor_slice_memory_bytes", "memory of one slice of a non-NVIDIA card, as its "
+                            "driver gives it", labels=["gpu", "parent", "type"])
+    avail = GaugeMetricFamily("vgpumgr_vendor_slices_available", "slices a non-NVIDIA card's driver offers now",
+                              labels=["gpu", "type"])
+    free: Counter[tuple[str, str]] = Counter()
+    for t in inv.types:
+        if not (t.backend == BACKEND_VF or t.type.startswith(("vnpu-", "mtgpu-"))) or t.gpu is None:
+            continue
+        if t.framebuffer_mb is not None:
+            mem.add_metric([t.gpu, t.parent, t.type], t.framebuffer_mb << 20)
+        free[(t.gpu, t.type)] += t.available_instances
+    for (gpu, type_id), n in sorted(free.items()):
+        avail.add_metric([gpu, type_id], n)
+    yield mem
+    yield avail
 
 
 def _esc(value: object) -> str:

@@ -57,6 +57,12 @@ def get_gpu(address: str, refresh: bool = REFRESH, svc: Service = Depends(servic
             "vf_vgpus": [v.to_json() for v in inv.vf_vgpus if v.gpu == address]}
 
 
+@router.get("/vendors", tags=["inventory"])
+def list_vendor_cards(svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> list[dict[str, Any]]:
+    """Cards besides NVIDIA with a vendor profile: mechanism, driver, VFs and their mode steps' state."""
+    return svc.vendor_cards()
+
+
 @router.get("/types", tags=["inventory"])
 def list_types(parent: str | None = Query(default=None, max_length=32), gpu: str | None = Query(default=None,
                max_length=32), available: bool = False, refresh: bool = REFRESH, svc: Service = Depends(service),

@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0010_mixed_size: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0013_vendor_slices: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -185,7 +185,7 @@ CREATE TABLE gpu_boot_state (
 	address VARCHAR(16) NOT NULL, 
 	numvfs INTEGER, 
 	mig_enabled BOOLEAN, 
-	updated_at DATETIME NOT NULL, vgpu_mode VARCHAR(16), 
+	updated_at DATETIME NOT NULL, vgpu_mode VARCHAR(16), vendor_state JSON, 
 	PRIMARY KEY (id), 
 	CONSTRAINT uq_gpu_boot_state_host_address UNIQUE (host_id, address), 
 	CONSTRAINT ck_gpu_boot_state_numvfs CHECK (numvfs IS NULL OR numvfs >= 0), 
@@ -268,6 +268,6 @@ CREATE TABLE vgpumgr_schema (
 	changed_by VARCHAR(255), 
 	PRIMARY KEY (id)
 );
-INSERT INTO "alembic_version" VALUES('0010_mixed_size');
+INSERT INTO "alembic_version" VALUES('0013_vendor_slices');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
 INSERT INTO "vgpumgr_schema" VALUES(1,0,NULL);

@@ -12,8 +12,9 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import NoCapacity, NotFound
-from vgpumgr.model import BACKEND_MDEV, Inventory
+from vgpumgr.model import BACKEND_MDEV, BACKEND_VF, Inventory
 from vgpumgr.placement import Allocation, Placer, Policy, Request
+from vgpumgr.placement_whole import pick
 
 
 def mig_type_name(inv: Inventory, profile: str, gpu: str | None = None, series: str | None = None
@@ -66,8 +67,14 @@ def plan_hostdevs(inv: Inventory, placer: Placer, records: Sequence[Allocation],
         taken.append(Allocation(gpu=c.gpu, parent=c.parent, type=c.type, framebuffer_mb=None, vm=name,
                                 backend=c.backend, id=ref, name=c.name))
         out.append(Hostdev("mdev", uuid=ref, display=display and not out) if c.backend == BACKEND_MDEV
+                   else Hostdev("passthrough", address=ref) if c.backend == BACKEND_VF  # a vendor's whole VF
                    else Hostdev("nvidia-vf", address=ref))
-    out += [Hostdev("passthrough", address=ids.pci_address(a)) for a in passthrough]
+    chosen: list[str] = [ids.pci_address(a) for a in passthrough if ids.is_pci_address(a)]
+    for a in passthrough:  # a model name: the card a create would pick (placement_whole.pick)
+        address = ids.pci_address(a) if ids.is_pci_address(a) else pick(inv, {r.gpu or "" for r in records}
+                                                                         | set(chosen), a)[0]
+        chosen.append(address)
+        out.append(Hostdev("passthrough", address=address))
     return out
 
 

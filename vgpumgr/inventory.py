@@ -13,8 +13,11 @@ if TYPE_CHECKING:
 
 def discover_types(host: Host, parent: str | None = None, cache_path: str | None = None,
                    cache: mdev_disc.TypeCache | None = None) -> list[VgpuType]:
+    from vgpumgr.discovery import vendor_vf
+
     cache = cache or mdev_disc.TypeCache(cache_path)
-    return mdev_disc.discover_types(host, parent, cache) + nvidia_vf.discover_types(host, parent)
+    return (mdev_disc.discover_types(host, parent, cache) + nvidia_vf.discover_types(host, parent)
+            + vendor_vf.discover_types(host, parent))
 
 
 def types_json(host: Host, parent: str | None = None, cache_path: str | None = None,
@@ -22,8 +25,11 @@ def types_json(host: Host, parent: str | None = None, cache_path: str | None = N
     """Encoded JSON objects of every type (mdev fast path + the few vendor-VF ones), as `types --json` prints."""
     import json
 
+    from vgpumgr.discovery import vendor_vf
+
     cache = mdev_disc.TypeCache(cache_path)
-    vf = [t for t in nvidia_vf.discover_types(host, parent) if t.available_instances or not available_only]
+    vf = [t for t in nvidia_vf.discover_types(host, parent) + vendor_vf.discover_types(host, parent)
+          if t.available_instances or not available_only]
     return mdev_disc.types_json(host, parent, cache, available_only) + [json.dumps(t.to_json()) for t in vf]
 
 

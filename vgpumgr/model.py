@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vgpumgr.kinds import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH  # noqa: F401
+from vgpumgr.kinds import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF  # noqa: F401
 
 
 @dataclass
@@ -95,9 +95,13 @@ class Mdev:
     iommu_group: int | None
     gpu: str | None = None
     placement_id: int | None = None  # mixed-size mode: its nvidia/placement_id (R570+), None when not known
+    backing_vf: str | None = None  # Ascend vNPU: the SR-IOV VF the driver backs it with (hw_vdavinci/vf)
 
     def to_json(self) -> dict[str, Any]:
-        return _without_unknown_placement(asdict(self))
+        d = _without_unknown_placement(asdict(self))
+        if d.get("backing_vf") is None:
+            d.pop("backing_vf", None)
+        return d
 
 
 @dataclass

@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-from vgpumgr import ids
+from vgpumgr import ids, vendors
 from vgpumgr.errors import InvalidInput, NotFound
 from vgpumgr.mig import profile_for_type
 from vgpumgr.mig_facts import MigFacts, users_text
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Inventory, VgpuType
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF, Inventory, VgpuType
 from vgpumgr.placement_mixed import mixed_choice
 
 STRATEGIES = ("pack", "spread")
@@ -233,7 +233,9 @@ _NOMINAL_GB = {"T4": 16, "A2": 16, "A16": 16, "A10": 24, "L4": 24, "A30": 24, "A
 
 
 def _info_from_type(t: VgpuType) -> _TypeInfo:
-    fb = t.framebuffer_mb
+    # NVIDIA's capacity rules work on framebuffer sizes; other vendors' sizes are for listings only, and their
+    # parents follow available_instances (mdev) or their free VFs (vendor SR-IOV)
+    fb = t.framebuffer_mb if t.type.startswith("nvidia-") or t.backend == BACKEND_NVIDIA_VF else None
     parsed = ids.parse_type_name(t.name) if t.name else None
     if fb is None and t.backend == BACKEND_NVIDIA_VF and parsed:
         fb = int(parsed.framebuffer_gb * 1024)
@@ -260,8 +262,9 @@ def _cached_info(t: VgpuType) -> _TypeInfo:
 
 def _info_from_allocation(a: Allocation) -> _TypeInfo:
     name = a.name or a.type
-    fb = a.framebuffer_mb
-    parsed = a.parsed
+    nvidia = a.type.startswith("nvidia-") or a.backend == BACKEND_NVIDIA_VF
+    fb = a.framebuffer_mb if nvidia else None
+    parsed = a.parsed if nvidia else None
     if fb is None and parsed is not None:
         fb = int(parsed.framebuffer_gb * 1024)
     short = name.split()[-1] if name else a.type
@@ -512,7 +515,14 @@ def _place(px: Placer, records: Sequence[Allocation], request: Request, policy: 
 
     groups = _groups(px, allocations, wanted)
     if not groups:
-        raise NotFound(f"no parent on this host offers vGPU type '{wanted}'", hint=_close_names(px, wanted))
+        whole = vendors.passthrough_refusal(wanted, [(g.address, g.vendor_id, g.device_id) for g in px.inv.gpus
+                                                     if g.physfn is None])
+        if whole:
+            raise InvalidInput(f"'{wanted}' cannot be a slice on this host: {whole}",
+                               hint="a passthrough-only card has no vGPU types")
+        hint = vendors.no_vfs_hint(wanted, [(g.address, g.vendor_id, g.device_id, g.sriov.numvfs) for g in px.inv.gpus
+                                            if g.sriov is not None]) or _close_names(px, wanted)
+        raise NotFound(f"no parent on this host offers vGPU type '{wanted}'", hint=hint)
 
     fits: list[tuple[tuple[Any, ...], Candidate]] = []
     rejected: list[Rejection] = []
@@ -631,6 +641,11 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
                 return found
             placement_id, cost = found
             usage += f"; placement {placement_id}, costs larger types {cost}"
+    elif g.info.backend == BACKEND_VF:  # a vendor's SR-IOV slice: one VM per VF, _pick_parent finds a free one
+        vfs = px.vfs_of.get(g.phys, [])
+        busy = len({a.parent for a in allocs})
+        share = busy / max(len(vfs), 1)
+        usage = f"{busy} of {len(vfs)} VFs in use"
     else:
         refusal, share, usage = _generic_refusal(g, load)
         if refusal:
@@ -760,6 +775,8 @@ def _generic_refusal(g: _Group, load: _GpuLoad) -> tuple[str | None, float, str]
     usage = f"{existing} device(s), {max(left, 0)} more available"
     if left <= 0:
         extra = f", {reserved} reserved" if reserved else ""
+        if t.type.startswith("vnpu-") and existing == 0 and t.available_instances == 0:
+            extra += f" (an Ascend card offers vNPUs only in VM mode: `vgpumgr vendor prepare {t.parent}`)"
         return f"available_instances {t.available_instances} on {t.parent}{extra}", share, usage
     return None, share, usage
 

@@ -22,6 +22,7 @@ from vgpumgr.ops import reconcile as reconcile_ops
 from vgpumgr.ops import restore as restore_ops
 from vgpumgr.ops import stale as stale_ops
 from vgpumgr.ops import telemetry as telemetry_ops
+from vgpumgr.ops import vendor as vendor_ops
 from vgpumgr.ops import vms as vm_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context, Snapshot, hostname
 from vgpumgr.ops.records import allocation_dict, hostdev_for, metadata_for
@@ -58,6 +59,7 @@ class Service(Context):
     reap_dead_reservations = lease_ops.reap_locked
     release_stale_records = stale_ops.sweep
     run_once = idem_ops.run_once
+    vendor_cards = vendor_ops.cards_of  # other vendors' cards, their mechanism and mode-step state
 
     # what the host-side hooks ask for (libvirt qemu hook, Proxmox hookscript, OpenStack preparation)
     ensure_vgpu = hook_ops.ensure

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpumgr import mig
-from vgpumgr.model import Gpu, Inventory
+from vgpumgr.model import BACKEND_VF, Gpu, Inventory
 from vgpumgr.placement import Policy, mig_profile_for
 from vgpumgr.service import Service
 
@@ -156,6 +156,9 @@ def slot_map(svc: Service, address: str) -> SlotMap | None:
     instances = [_instance(m.uuid, m.parent, m.type, names.get(m.type), live)
                  for m in inv.mdevs if m.gpu == address or m.parent == address]
     instances += [_instance(v.address, v.address, v.type, v.name, live) for v in inv.vf_vgpus if v.gpu == address]
+    # another vendor's whole VFs given to VMs: only the records know which are taken (nothing is written to the VF)
+    instances += [_instance(a["pci_address"], a["pci_address"], a["type"], a["type_name"], live) for a in records
+                  if a["backend"] == BACKEND_VF and a["gpu"] == address]
     rows: dict[str, TypeRow] = {}
     for t in inv.types:
         if t.gpu != address and t.parent != address:
@@ -165,7 +168,7 @@ def slot_map(svc: Service, address: str) -> SlotMap | None:
             row = rows[t.type] = TypeRow(t.type, t.name, t.backend, t.framebuffer_mb, t.max_instance, [], 0,
                                          mig_profile_for(t.name or ""))
         row.parents.append(t.parent)
-        row.available += t.available_instances
+        row.available += 0 if t.backend == BACKEND_VF and t.parent in live else t.available_instances
     for i in instances:
         if i.type in rows:
             rows[i.type].instances.append(i)
@@ -177,7 +180,8 @@ def slot_map(svc: Service, address: str) -> SlotMap | None:
     if gpu.sriov:
         by_parent = {i.parent: i for i in instances}
         for vf in gpu.sriov.vfs:
-            creatable = sum(1 for t in inv.types if t.parent == vf and t.available_instances > 0)
+            creatable = sum(1 for t in inv.types if t.parent == vf and t.available_instances > 0
+                            and not (t.backend == BACKEND_VF and vf in live))
             vfs.append(VfRow(vf, by_parent.get(vf), creatable))
     return SlotMap(gpu, sorted(rows.values(), key=lambda r: (r.backend, r.framebuffer_mb or 0, r.type)),
                    instances, vfs, _mig_view(gpu, records))

@@ -108,8 +108,10 @@ def mdev_list(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         dump_json(out, [m.to_json() for m in found])
         return 0
-    table(out, ["UUID", "PARENT", "TYPE", "IOMMU", "GPU"],
-          [[m.uuid, m.parent, m.type, m.iommu_group, m.gpu] for m in found], empty="no mdevs")
+    backed = any(m.backing_vf for m in found)  # Ascend vNPUs: the VF behind each, as its driver shows it
+    table(out, ["UUID", "PARENT", "TYPE", "IOMMU", "GPU"] + (["BACKING VF"] if backed else []),
+          [[m.uuid, m.parent, m.type, m.iommu_group, m.gpu] + ([m.backing_vf] if backed else []) for m in found],
+          empty="no mdevs")
     return 0
 
 

@@ -44,6 +44,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.telemetry": ("top",),
     "vgpumgr.cli.fleet": ("fleet", "host"),
     "vgpumgr.cli.gpu": ("gpu",),
+    "vgpumgr.cli.vendor": ("vendor",),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 
@@ -182,6 +183,8 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p = cmd(sub, ("demo",), "vgpumgr.sim.demo:demo", "walk through the main job on a simulated host")
     p.add_argument("--dir", metavar="DIR", help="where to build the simulated host (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the simulated host afterwards")
+    p.add_argument("--profile", choices=("mixed", "all"), default="mixed",
+                   help="all: every vendor (Ascend, Moore Threads, Cambricon, AMD, Intel, passthrough-only cards)")
 
     for extra, names in EXTRA_MODULES.items():
         if only is None or only in names:

@@ -13,7 +13,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(vm, ("vm", "create"), "vgpumgr.cli.vm:create", "place and create GPU devices, define (and start) a VM")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--vgpu", action="append", default=[], metavar="TYPE", help="a vGPU type (T4-4Q, nvidia-232)")
-    p.add_argument("--passthrough", action="append", default=[], metavar="BDF", help="a whole GPU")
+    p.add_argument("--passthrough", action="append", default=[], metavar="BDF|MODEL",
+                   help="a whole GPU or accelerator: its address, or a model (\"Ascend 910B\") for a free one")
     p.add_argument("--mig", action="append", default=[], metavar="PROFILE", help="a MIG-backed vGPU (1g.10gb)")
     p.add_argument("--memory", type=int, default=4096, metavar="MIB")
     p.add_argument("--vcpus", type=int, default=2)

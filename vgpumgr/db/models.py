@@ -340,6 +340,8 @@ class GpuBootState(Base):
     mig_enabled: Mapped[bool | None] = mapped_column(Boolean)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     vgpu_mode: Mapped[str | None] = mapped_column(String(16))  # "mixed" / "equal" (NVIDIA vGPU mode); None: untouched
+    # vendor mode steps to bring back (vgpumgr/vendor_steps.py): {"step": {...}} per step, None: nothing recorded
+    vendor_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class MigGpuInstance(Base):

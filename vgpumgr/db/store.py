@@ -36,9 +36,9 @@ from vgpumgr.db.models import (
 )
 from vgpumgr.db.prepared import Prepared
 from vgpumgr.errors import Conflict, InvalidInput
-from vgpumgr.model import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+from vgpumgr.model import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
 
-BACKENDS = (BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_MIG)
+BACKENDS = (BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_MIG, BACKEND_VF)
 PASSTHROUGH_TYPE = "passthrough"
 
 

@@ -38,6 +38,8 @@ def enrich(t: VgpuType) -> VgpuType:
     mi = t.params.get("max_instance")
     if mi and mi.isdigit():
         t.max_instance = int(mi)
+    if not t.type.startswith("nvidia-"):
+        _vendor_sizes(t)
     parsed = ids.parse_type_name(t.name) if t.type.startswith("nvidia-") else None
     if parsed:
         t.series = parsed.series
@@ -45,6 +47,20 @@ def enrich(t: VgpuType) -> VgpuType:
         if t.framebuffer_mb is None:
             t.framebuffer_mb = int(parsed.framebuffer_gb * 1024)
     return t
+
+
+def _vendor_sizes(t: VgpuType) -> None:
+    """Sizes of vendor mdev types (Ascend vNPU, Moore Threads; vgpumgr/vendors.py), into framebuffer_mb and
+    params; the name, where the driver gives none, from the card's profile."""
+    from vgpumgr import vendors
+
+    facts = vendors.mdev_type_facts(t.type, t.description.replace(", ", "\n"))
+    if facts is None:
+        return
+    t.framebuffer_mb = facts.memory_mb
+    t.params.update(facts.extra)
+    if not t.name:
+        t.name = f"{t.type.split('-')[0].replace('vnpu', 'Ascend vNPU').replace('mtgpu', 'MTT vGPU')} {t.type}"
 
 
 def parents(host: Host) -> list[str]:
@@ -58,7 +74,7 @@ def physical_gpu(host: Host, parent: str) -> str | None:
     return link_name(f"{host.mdev_bus}/{parent}/physfn") or parent
 
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 class TypeCache:
@@ -220,9 +236,10 @@ def read_mdev(host: Host, uuid: str, parents: set[str] | None = None) -> Mdev | 
     if parents is not None and parent not in parents:
         return None
     group = link_name(f"{link}/iommu_group")
-    return Mdev(uuid=uuid, parent=parent, type=link_name(f"{link}/mdev_type") or "?",
-                iommu_group=int(group) if group and group.isdigit() else None,
-                gpu=physical_gpu(host, parent), placement_id=_placement_id(link))
+    type_dir = link_name(f"{link}/mdev_type") or "?"
+    backing = read(f"{link}/hw_vdavinci/vf") if type_dir.startswith("vnpu-") else None
+    return Mdev(uuid=uuid, parent=parent, type=type_dir, iommu_group=int(group) if group and group.isdigit() else None,
+                gpu=physical_gpu(host, parent), placement_id=_placement_id(link), backing_vf=backing or None)
 
 
 def _placement_id(mdev_dir: str) -> int | None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
+from vgpumgr import vendors
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
 from vgpumgr.host import Host
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, Gpu, Sriov, unnamed
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF, Gpu, Sriov, unnamed
 
 DISPLAY_CLASS = 0x03
 
@@ -33,6 +34,8 @@ def read_function(host: Host, address: str, names: PciNames | None = None) -> Gp
         backends.append(BACKEND_NVIDIA_VF)
     physfn = link_name(f"{d}/physfn")
     group = link_name(f"{d}/iommu_group")
+    if physfn is not None and vendor_vf(vendor, device):
+        backends.append(BACKEND_VF)
     if physfn is None and group is not None:
         backends.append(BACKEND_PASSTHROUGH)
     return Gpu(
@@ -54,8 +57,20 @@ def read_function(host: Host, address: str, names: PciNames | None = None) -> Gp
 
 
 def is_display(host: Host, address: str) -> bool:
+    """A display-class function, or a processing accelerator of a vendor in vgpumgr/vendors.py."""
     cls = read_int(f"{host.pci_devices}/{address}/class")
-    return cls is not None and (cls >> 16) == DISPLAY_CLASS
+    if cls is None:
+        return False
+    if (cls >> 16) == DISPLAY_CLASS:
+        return True
+    return (cls >> 16) == vendors.ACCELERATOR_CLASS and vendors.is_accelerator(
+        _hex(read(f"{host.pci_devices}/{address}/vendor")) or "", cls)  # the vendor read only for class 0x12
+
+
+def vendor_vf(vendor: str, device: str) -> bool:
+    """A VF that a VM gets whole: of a vendor card whose slices are SR-IOV VFs (not an mdev's hidden VF)."""
+    p = vendors.profile(vendor, device)
+    return p is not None and p.mechanism in (vendors.SRIOV, vendors.MODULE_VFS)
 
 
 def discover_gpus(host: Host) -> list[Gpu]:
@@ -86,7 +101,8 @@ class PciNames:
     def lookup(self, vendor: str, device: str, address: str | None = None) -> str:
         key = (vendor, device)
         if key not in self._cache:
-            self._cache[key] = ((self.from_udev(address) if address else None)
+            # the project's vendor table first: pci.ids lacks many accelerators, and names others by chip
+            self._cache[key] = (vendors.name(vendor, device) or (self.from_udev(address) if address else None)
                                 or self._from_pci_ids(vendor, device) or unnamed(vendor, device))
         return self._cache[key]
 

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpumgr import placement_mixed
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Gpu
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF, Gpu
 from vgpumgr.placement import Allocation, Placer, _info_from_allocation
 
 MODE_MIG = "mig"
 MODE_VENDOR_VF = "nvidia-vf"
 MODE_MDEV = "mdev"
 MODE_PASSTHROUGH = "passthrough"
+MODE_VF = "vf"  # another vendor's SR-IOV card whose VFs VMs get whole (AMD GIM, Intel, Cambricon)
 _UNBOUNDED = 1 << 30
 _MAX_TIMESLICED_PER_GPU = 32  # as placement: time-sliced vGPUs per physical GPU (docs/sources.md §5)
 
@@ -68,6 +69,8 @@ def mode_of(px: Placer, g: Gpu) -> str:
     vfs = px.vfs_of.get(g.address, ())
     if BACKEND_MDEV in g.backends or any(BACKEND_MDEV in px.gpus[v].backends for v in vfs if v in px.gpus):
         return MODE_MDEV
+    if BACKEND_VF in g.backends:
+        return MODE_VF
     return MODE_PASSTHROUGH
 
 

@@ -14,11 +14,11 @@ from sqlalchemy.orm import Session
 
 from vgpumgr import audit, ids, licensing
 from vgpumgr.backends import mdev as mdev_backend
-from vgpumgr.backends import nvidia_vf
+from vgpumgr.backends import nvidia_vf, vendor_vf
 from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
 from vgpumgr.ops import boot_records, leases, placement_apply
 from vgpumgr.ops.context import FAILED, Context
 from vgpumgr.ops.records import allocation_dict, placed
@@ -71,6 +71,10 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
         store.activate(s, row, keep_owner=leases.is_holding())
         if c.gpu and c.parent != c.gpu and ids.is_pci_address(c.parent):  # on a VF: remember its PF's VFs
             boot_records.remember_vfs_of(s, svc.host_id(s), svc.host, c.gpu)
+        if c.gpu and (c.backend == BACKEND_VF or c.type.startswith("vnpu-")):  # a vendor card's mode steps
+            from vgpumgr.vendor_steps import observed
+
+            boot_records.remember_vendor(s, svc.host_id(s), c.gpu, observed(svc.host, c.gpu))
         svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
                    detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
         return allocation_dict(row, s, vm_name=vm)
@@ -112,7 +116,7 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
             vm_row = store.vm_ref(s, h, vm) if vm else None
             row = store.reserve_allocation(
                 s, h, backend=c.backend, parent=c.parent, type_id=c.type, uuid=new_uuid,
-                pci_address=c.parent if c.backend == BACKEND_NVIDIA_VF else None, gpu=gpu_row, vm=vm_row,
+                pci_address=c.parent if c.backend in (BACKEND_NVIDIA_VF, BACKEND_VF) else None, gpu=gpu_row, vm=vm_row,
                 type_name=c.name, series=series, idempotency_key=idempotency_key,
                 detail={"framebuffer_mb": fb, "gpu": c.gpu, **_mig_detail(parsed), **(detail or {}),
                         **({"placement_id": c.placement_id} if c.placement_id is not None else {})},
@@ -128,6 +132,8 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
     try:
         if c.backend == BACKEND_MDEV:
             mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
+        elif c.backend == BACKEND_VF:
+            vendor_vf.claim(svc.host, c.parent)  # nothing to write: libvirt hands the whole VF over (managed)
         else:
             nvidia_vf.set_type(svc.host, c.parent, c.type)
         if c.placement_id is not None:
@@ -210,12 +216,14 @@ def allocate_passthrough(svc: Context, address: str, *, vm: str | None = None, i
                                hint="release them first")
             gpu_row = store.upsert_gpu(s, h, address, model=g.name, vendor_id=g.vendor_id, device_id=g.device_id)
             vm_row = store.upsert_vm(s, h, vm) if vm else None
+            # NVIDIA licenses passthrough GPUs (vApps/vCS/vWS); other vendors' cards need no NVIDIA seat
+            series = licensing.PASSTHROUGH if g.vendor_id == "10de" else None
             row = store.reserve_allocation(s, h, backend=BACKEND_PASSTHROUGH, parent=address,
                                            type_id=store.PASSTHROUGH_TYPE, pci_address=address, gpu=gpu_row,
-                                           vm=vm_row, type_name=g.name, series=licensing.PASSTHROUGH,
+                                           vm=vm_row, type_name=g.name, series=series,
                                            idempotency_key=idempotency_key, detail={"gpu": address},
                                            owner=leases.owner_values(svc) if leases.is_holding() else None)
-            licensing.acquire(s, vm_row, gpu_row, licensing.PASSTHROUGH, svc.licence_mode, allocation=row,
+            licensing.acquire(s, vm_row, gpu_row, series, svc.licence_mode, allocation=row,
                               actor=actor or svc.cfg.actor, host_name=svc.hostname)
             store.activate(s, row, keep_owner=leases.is_holding())
             svc.event(s, audit.PLACEMENT, actor=actor, gpu=address, vm=vm, vgpu=address,
@@ -311,6 +319,9 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             if backend == BACKEND_MDEV and uuid:
                 mdev_backend.remove(svc.host, uuid, grace=grace,
                                     holder_check=svc.libvirt_holders("mdev") if use_libvirt else None)
+            elif backend == BACKEND_VF and address:
+                vendor_vf.check_free(svc.host, address,
+                                     holder_check=svc.libvirt_holders("pci") if use_libvirt else None)
             elif backend == BACKEND_NVIDIA_VF and address and kernel_owner != KERNEL_OWNER_PROXMOX:
                 nvidia_vf.clear_type(svc.host, address,
                                      holder_check=svc.libvirt_holders("pci") if use_libvirt else None,

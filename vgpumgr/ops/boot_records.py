@@ -52,6 +52,16 @@ def remember_vfs_of(s: Session, host_id: int, host: Host, pf: str) -> None:
         remember_numvfs(s, host_id, pf, n)
 
 
+def remember_vendor(s: Session, host_id: int, pf: str, state: dict[str, Any]) -> None:
+    """Vendor mode steps to bring back after a reboot (vgpumgr/vendor_steps.py), merged step by step."""
+    if not state:
+        return
+    row = _state_row(s, host_id, ids.pci_address(pf))
+    merged = {**(row.vendor_state or {}), **state}
+    if merged != row.vendor_state:
+        row.vendor_state = merged  # a new dict: the JSON column sees the change
+
+
 def remember_mig_mode(s: Session, host_id: int, gpu: str, enabled: bool) -> None:
     row = _state_row(s, host_id, ids.pci_address(gpu))
     if row.mig_enabled is not enabled:

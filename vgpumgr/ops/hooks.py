@@ -54,6 +54,9 @@ def ensure(svc: Context, *, uuid: str, type_name: str, vm: str, parent: str | No
         raise Conflict(f"mdev {uuid} exists but vgpumgr has no record of it",
                        hint="`vgpumgr reconcile` lists unknown devices; remove it or let vgpumgr adopt it", uuid=uuid)
     policy = Policy(pin_parent=parent) if parent else None
+    from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
+
+    ensure_vnpu_mode(svc, parent, type_name, actor)  # an Ascend vNPU needs the card's VM mode (lost at reboot)
 
     def allocate() -> dict[str, Any]:
         return alloc.allocate(svc, type_name, vm=vm, uuid=uuid, policy=policy, idempotency_key=idempotency_key,

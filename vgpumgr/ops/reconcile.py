@@ -11,10 +11,11 @@ from vgpumgr import audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
 from vgpumgr.errors import VgpuError
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import leases, stale
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
+from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
 
 
 def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, actor: str | None = None
@@ -37,6 +38,8 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
                 missing.append(a)
             elif a["backend"] == BACKEND_NVIDIA_VF and a["pci_address"] not in vfs:
                 missing.append(a)
+            elif a["backend"] == BACKEND_VF and inv.gpu(a["pci_address"] or "") is None:
+                missing.append(a)  # another vendor's VF slice: the VF itself is gone (its PF's VFs disabled)
         recorded = {a["uuid"] for a in live if a["uuid"]} | {a["pci_address"] for a in live if a["pci_address"]}
         recorded |= {d.ref for d in dead} | {c.ref for c in found_stale}  # the rollback's or release's to remove
         rolled_back: list[dict[str, Any]] = []
@@ -57,8 +60,12 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
             for a in missing:
                 try:
                     if a["backend"] == BACKEND_MDEV:
+                        ensure_vnpu_mode(svc, a["parent"], a["type"], actor)  # an Ascend vNPU needs VM mode
                         mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
                         restored.append(a["uuid"])
+                    elif a["backend"] == BACKEND_VF:
+                        raise VgpuError(f"VF {a['pci_address']} is gone", hint="`vgpumgr restore` enables the "
+                                        "recorded VFs (and the vendor's steps before them)")
                     else:
                         nvidia_vf.set_type(svc.host, a["pci_address"], a["type"])
                         restored.append(a["pci_address"])

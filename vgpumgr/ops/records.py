@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, object_session
 
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.db.models import LicenceLease, Vm
-from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH
+from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
 from vgpumgr.placement import Allocation as PlacedAlloc
 
 _LOOK_UP = object()
@@ -22,7 +22,7 @@ def placed(rows: Iterable[Any]) -> list[PlacedAlloc]:
         if a.backend == BACKEND_PASSTHROUGH:
             continue
         d = a.detail or {}
-        parent = a.pci_address if a.backend == BACKEND_NVIDIA_VF else a.parent
+        parent = a.pci_address if a.backend in (BACKEND_NVIDIA_VF, BACKEND_VF) else a.parent
         out.append(PlacedAlloc(gpu=d.get("gpu"), parent=parent, type=a.type_id, framebuffer_mb=d.get("framebuffer_mb"),
                                vm=a.vm_name, backend=a.backend, id=a.uuid or a.pci_address or "", name=a.type_name,
                                placement_id=d.get("placement_id")))
@@ -61,7 +61,7 @@ def hostdev_for(a: dict[str, Any], display: bool):  # noqa: ANN201
         return Hostdev("mdev", uuid=a["uuid"], display=display)
     if a["backend"] == BACKEND_NVIDIA_VF:
         return Hostdev("nvidia-vf", address=a["pci_address"])
-    return Hostdev("passthrough", address=a["pci_address"])
+    return Hostdev("passthrough", address=a["pci_address"])  # a whole GPU, or a vendor's VF (BACKEND_VF)
 
 
 def metadata_for(a: dict[str, Any]) -> dict[str, Any]:

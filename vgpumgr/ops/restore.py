@@ -78,6 +78,8 @@ def desired(svc: Context, profile: BootProfile | None) -> dict[str, Want]:
             want(addr).mig = True
         if getattr(st, "vgpu_mode", None):  # NVIDIA mixed/equal-size mode (vgpumgr.ops.restore_mixed)
             want(addr).vgpu_mode = st.vgpu_mode
+        if st.vendor_state:
+            want(addr).vendor = dict(st.vendor_state)
     for gi in gis:
         w = want(gi.gpu)
         w.mig = True

@@ -43,7 +43,14 @@ class Want:
     owned_vfs: list[str] = field(default_factory=list)  # VFs whose type another manager (Proxmox) writes
     vgpu_mode: str | None = None  # NVIDIA mixed/equal-size mode as `vgpumgr gpu mode` recorded it
     placements: dict[str, int] = field(default_factory=dict)  # VF or mdev UUID -> recorded placement ID
+    vendor: dict[str, Any] = field(default_factory=dict)  # vendor mode steps (vendor_steps.py), by step
 
+
+
+def _fixed_vf_count(host: Any, pf: str) -> bool:
+    from vgpumgr.vendor_steps import fixed_vf_count
+
+    return fixed_vf_count(host, pf)
 
 
 class GpuRun:
@@ -89,6 +96,10 @@ class GpuRun:
         return True
 
     def all(self) -> None:
+        if self.w.vendor or (self.w.numvfs and _fixed_vf_count(self.host, self.w.gpu)):
+            from vgpumgr.ops.restore_vendor import run_vendor_steps
+
+            run_vendor_steps(self)  # before the VFs: Ascend's mode, Intel's quotas; AMD's VF count is checked there
         if self.w.numvfs:
             self.vfs()
         if self.w.mig:
@@ -104,6 +115,8 @@ class GpuRun:
     # -- 1. VFs ------------------------------------------------------------------------------------
     def vfs(self) -> None:
         pf, want = self.w.gpu, self.w.numvfs or 0
+        if self.w.vendor.get("gim-vf-num") or _fixed_vf_count(self.host, pf):
+            return  # GIM makes its VFs at load: checked by the vendor step, never written
         cur = read_int(f"{self.host.pci(pf)}/sriov_numvfs")
         if cur is None:
             self.step("vfs", pf, FAILED_, f"{pf} is gone or has no SR-IOV", hint="check `vgpumgr gpus` and `dmesg`")

@@ -30,7 +30,11 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
     from vgpumgr.domain import VmSpec, render
 
     name = ids.vm_name(name)
-    vgpus, passthrough, mig = list(vgpus or []), [ids.pci_address(a) for a in passthrough or []], list(mig or [])
+    vgpus, mig = list(vgpus or []), list(mig or [])
+    asked, passthrough = list(passthrough or []), []
+    for a in asked:  # a model name ("Ascend 910B"): the lowest free card of it not asked for already
+        passthrough.append(ids.pci_address(a) if ids.is_pci_address(a) else
+                           whole_device(svc, a, exclude=[*passthrough, *(x for x in asked if ids.is_pci_address(x))]))
     if not (vgpus or passthrough or mig):
         raise InvalidInput("a VM needs at least one GPU device",
                            hint="give --vgpu TYPE, --passthrough BDF or --mig PROFILE")
@@ -81,6 +85,18 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
         _undo_vm(svc, virt, name, made, defined, started, e, actor)
         raise
     return {"name": name, "uuid": vm_uuid, "state": "running" if started else "defined", "allocations": made}
+
+def whole_device(svc: Context, model: str, exclude: list[str] | None = None) -> str:
+    """A free card of `model` to pass through whole (placement_whole.py); `exclude`: addresses already asked for."""
+    from vgpumgr.placement_whole import pick
+
+    if not model or len(model) > 64:
+        raise InvalidInput(f"'{model}' is neither a PCI address nor a model", hint="give 0000:83:00.0 or a model name")
+    busy = {a["gpu"] or a["parent"] for a in alloc.allocations(svc, live=True)}
+    busy |= {ids.pci_address(a) for a in exclude or []}
+    address, _ = pick(svc.snapshot(refresh=True).inventory, busy, model)
+    return address
+
 
 def _undo_vm(svc: Context, virt, name: str, made: list[dict[str, Any]], defined: bool, started: bool,  # noqa: ANN001
              error: BaseException, actor: str | None) -> None:
@@ -171,6 +187,9 @@ def _ensure_devices(svc: Context, name: str, actor: str | None) -> list[str]:
     restored = []
     for a in alloc.allocations(svc, vm=name, live=True):
         if a["backend"] == BACKEND_MDEV and mdev_backend.get(svc.host, a["uuid"]) is None:
+            from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
+
+            ensure_vnpu_mode(svc, a["parent"], a["type"], actor)
             mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
             restored.append(a["uuid"])
         elif a["backend"] == BACKEND_NVIDIA_VF and nvidia_vf.current(svc.host, a["pci_address"]) == 0:

@@ -70,6 +70,8 @@ def reboot(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"  {gpu}: mixed-size vGPU mode is off again\n")
     for dev, (before, after) in lost["drivers"].items():
         out.write(f"  {dev}: back on its default driver ({before or 'none'} -> {after or 'none'})\n")
+    for dev, what in lost.get("vendor", {}).items():
+        out.write(f"  {dev}: {what}\n")
     if lost["iommu_groups"]:
         out.write(f"  IOMMU groups renumbered in bus order for {len(lost['iommu_groups'])} function(s)\n")
     return 0

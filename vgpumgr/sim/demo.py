@@ -71,14 +71,26 @@ def demo(args: argparse.Namespace, out: TextIO) -> int:
         return buf.getvalue()
 
     try:
-        say("1. Build a simulated mixed host: Tesla T4 (mdev), L40S (vendor VF), A100 (MIG), Intel GVT-g")
-        profiles.create(root, "mixed", force=True)
+        every_vendor = getattr(args, "profile", "mixed") == "all"
+        if every_vendor:
+            say("1. Build a simulated host with every vendor: NVIDIA, Intel, Huawei Ascend, Moore Threads, Cambricon, "
+                "AMD, Hygon, MetaX, Enflame")
+        else:
+            say("1. Build a simulated mixed host: Tesla T4 (mdev), L40S (vendor VF), A100 (MIG), Intel GVT-g")
+        profiles.create(root, "all" if every_vendor else "mixed", force=True)
         out.write(f"simulated sysfs tree at {root} (every command below reads and writes it through --sysfs-root)\n")
         os.environ["VGPUMGR_SYSFS_ROOT"] = str(root)
         os.environ["VGPUMGR_LIBVIRT_URI"] = "test:///default"
         os.environ.pop("VGPUMGR_DB", None)
         os.environ.pop("VGPUMGR_STATE_DIR", None)
         os.environ["VGPUMGR_LICENCE_MODE"] = "enforce"
+        if every_vendor:
+            from vgpumgr.sim.demo_vendors import vendor_steps
+
+            vendor_steps(run, say)
+            out.write(f"\ndemo finished in {time.monotonic() - t0:.1f} s; the simulated host is at {root}"
+                      f"{'' if args.keep or args.dir else ' (removed now; pass --keep to keep it)'}\n")
+            return 0
 
         say("2. Discover GPUs and vGPU types")
         run("gpus")

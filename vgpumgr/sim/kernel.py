@@ -19,7 +19,7 @@ from typing import Any
 from vgpumgr.host import SIM_MARKER
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import placements as simplace
-from vgpumgr.sim import rules
+from vgpumgr.sim import rules, vendor_gpus
 from vgpumgr.sim.files import read_text, update, update_changed, write
 from vgpumgr.sim.tree import SimTree
 
@@ -106,6 +106,8 @@ class KernelEmulator:
             self._current_vgpu_type(tree, os.path.dirname(parent), data)
         elif name in ("placement_id", "vgpu_params") and os.path.basename(parent) == "nvidia":
             self._placement(tree, os.path.dirname(parent), name, real, data)
+        elif vendor_gpus.quota_write(tree, real, data, kstrto):
+            pass
         elif name == "driver_override":
             value = data.strip()
             tree.attr(real, (value or "(null)") + "\n")
@@ -136,6 +138,7 @@ class KernelEmulator:
         type_name = os.path.basename(type_dir)
         mdir = tree.add_mdev(pdir, uuid, type_name)
         self._placed(tree, pdir, uuid, mdir, type_name)
+        vendor_gpus.after_mdev_create(tree, pdir, uuid, type_name)
         self._refresh_parent(tree, pdir, added=type_name)
 
     def _remove_mdev(self, tree: SimTree, mdir: str, data: str) -> None:
@@ -160,6 +163,8 @@ class KernelEmulator:
         """Rewrite what the parent's driver reports as creatable after one mdev of type `added` appeared
         (or of type `removed` went); with neither, after any change (every file is read and compared)."""
         pdir = os.fspath(pdir)
+        if vendor_gpus.refresh_parent(tree, pdir):
+            return
         sample = tree.state["samples"].get(os.path.basename(pdir))
         if sample:
             def files(existing: list[str]) -> dict[str, str]:
@@ -198,12 +203,17 @@ class KernelEmulator:
             return
         if not (pfdir / "driver").is_symlink():
             raise _err(errno.ENOENT, "sriov_numvfs (no driver bound to the PF)")
+        if tree.state["gpus"].get(pfdir.name, {}).get("sriov_configure") is False:
+            # a PF driver without .sriov_configure (AMD's GIM): "Driver does not support SRIOV configuration via sysfs"
+            raise _err(errno.ENOENT, "sriov_numvfs (the PF's driver does not support SR-IOV configuration via sysfs)")
         if n and current:
             raise _err(errno.EBUSY, "sriov_numvfs")
         if n == 0:
             simgpus.disable_vfs(tree, pfdir.name)
+            vendor_gpus.after_disable(tree, pfdir.name)
         else:
             simgpus.enable_vfs(tree, pfdir.name, n)
+            vendor_gpus.after_enable(tree, pfdir.name, n)
         if pfdir.name in tree.state["gpus"]:  # sriov-manage clears mixed-size mode, both ways
             simplace.lose_mode(tree.state["gpus"][pfdir.name])
             tree.dirty = True

@@ -10,7 +10,7 @@ from typing import Any
 
 from vgpumgr.errors import Conflict, InvalidInput
 from vgpumgr.host import SIM_MARKER
-from vgpumgr.sim import catalog
+from vgpumgr.sim import catalog, vendor_gpus
 from vgpumgr.sim.files import write
 from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu
 from vgpumgr.sim.platform import mark, nvml_state_path
@@ -27,6 +27,22 @@ PCI_IDS = """\
 \t26b9  AD102GL [L40S]
 8086  Intel Corporation
 \t3e92  CoffeeLake-S GT2 [UHD Graphics 630]
+\t56c0  ATS-M [Data Center GPU Flex 170]
+\te211  Battlemage G21 [Arc Pro B60]
+1002  Advanced Micro Devices, Inc. [AMD/ATI]
+\t74a1  Aqua Vanjaram [Instinct MI300X]
+\t74b5  Aqua Vanjaram [Instinct MI300X VF]
+19e5  Huawei Technologies Co., Ltd.
+1d94  Chengdu Haiguang IC Design Co., Ltd.
+\t6211  K100_AI
+1e36  Shanghai Enflame Technology Co. Ltd
+\tc035  S60
+1ed5  Moore Threads Technology Co.,Ltd
+\t0323  MTT S4000
+9999  MetaX Integrated Circuits (Shanghai) Co., Ltd.
+\t0a01  C500
+cabc  Cambricon
+\t0370  MLU370-S4
 """
 
 
@@ -108,6 +124,19 @@ def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
     if profile == "samples":
         add_samples(tree)
         return
+    if profile in VENDOR_PROFILES:
+        if scale != 1:
+            raise InvalidInput(f"profile {profile} is built at --scale 1 only", hint="leave --scale out")
+        if vfs is not None and profile != "all":
+            raise InvalidInput(f"profile {profile} starts as its driver leaves the card after a boot",
+                               hint="leave --vfs out; `vgpumgr vendor prepare BDF --vfs N` enables VFs")
+        if profile == "all":
+            add_gpu(tree, "0000:00:02.0", _gvtg())
+            for base, make in models["mixed"]:
+                add_gpu(tree, f"0000:{base:02x}:00.0", make(0 if base < 0x60 else 1))
+        for name in VENDOR_PROFILES[profile]:
+            VENDOR_CARDS[name](tree)
+        return
     if profile not in models:
         raise InvalidInput(f"unknown simulator profile '{profile}'", hint=f"choose one of: {', '.join(PROFILES)}")
     if profile == "mixed":
@@ -118,7 +147,24 @@ def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
         add_gpu(tree, f"0000:{bus:02x}:00.0", make(copy % 2))
 
 
-PROFILES = ("t4", "a40-sriov", "l40s-vfio", "a100-mig", "h100-mig", "gvtg", "samples", "mixed")
+# accelerators besides NVIDIA (sim/vendor_gpus.py; sources in docs/sources.md §22), each on its own bus
+VENDOR_CARDS: dict[str, Callable[[SimTree], None]] = {
+    "ascend-310p": lambda t: vendor_gpus.add_ascend_310p(t, "0000:81:00.0", 1),
+    "ascend-910b": lambda t: vendor_gpus.add_passthrough_card(t, "0000:83:00.0", "19e5", "d802",
+                                                              "devdrv_device_driver", 1),
+    "mtt-s4000": lambda t: vendor_gpus.add_mtt_s4000(t, "0000:85:00.0", 1),
+    "mlu370": lambda t: vendor_gpus.add_mlu370(t, "0000:87:00.0", 1),
+    "mi300x": lambda t: vendor_gpus.add_mi300x(t, "0000:89:00.0", 1, vf_num=8),
+    "flex170": lambda t: vendor_gpus.add_flex170(t, "0000:8b:00.0", 1),
+    "bmg": lambda t: vendor_gpus.add_bmg(t, "0000:8d:00.0", 1),
+    "dcu-k100": lambda t: vendor_gpus.add_passthrough_card(t, "0000:8f:00.0", "1d94", "6211", "amdgpu", 1),
+    "metax-c500": lambda t: vendor_gpus.add_passthrough_card(t, "0000:91:00.0", "9999", "0a01", None, 1),
+    "enflame-s60": lambda t: vendor_gpus.add_passthrough_card(t, "0000:93:00.0", "1e36", "c035", None, 1),
+}
+VENDOR_PROFILES: dict[str, tuple[str, ...]] = {name: (name,) for name in VENDOR_CARDS}
+VENDOR_PROFILES["all"] = tuple(VENDOR_CARDS)  # with the mixed host's NVIDIA GPUs and GVT-g
+
+PROFILES = ("t4", "a40-sriov", "l40s-vfio", "a100-mig", "h100-mig", "gvtg", "samples", "mixed", *VENDOR_PROFILES)
 
 
 def add_samples(tree: SimTree) -> None:
@@ -132,7 +178,8 @@ def add_samples(tree: SimTree) -> None:
 
 
 def _populate(root: Path, profile: str, scale: int, vfs: int | None) -> None:
-    state = {"version": 1, "profile": profile, "scale": scale, "first_iommu_group": 10, "gpus": {}, "samples": {}}
+    state = {"version": 1, "profile": profile, "scale": scale, "first_iommu_group": 10, "gpus": {}, "samples": {},
+             "vendor_parents": {}}
     (root / SIM_MARKER).write_text(json.dumps(state))
     for d in ("sys/bus/mdev/devices", "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "proc"):
         (root / d).mkdir(parents=True, exist_ok=True)

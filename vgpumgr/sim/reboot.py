@@ -23,6 +23,7 @@ from typing import Any
 
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import placements as simplace
+from vgpumgr.sim import vendor_gpus
 from vgpumgr.sim.tree import SimTree
 
 
@@ -53,9 +54,10 @@ def reboot(root: Path) -> dict[str, Any]:
             _default_driver(tree, address, report)
         report["iommu_groups"] = {a: list(v) for a, v in tree.renumber_iommu_groups().items()}
         _reset_mig(tree, report)
+        vendor_gpus.reboot(tree, report)
         for pf in tree.state["gpus"]:
             simgpus.refresh(tree, pf)
-        for parent in tree.state["samples"]:
+        for parent in [*tree.state["samples"], *tree.state.get("vendor_parents", {})]:
             KernelEmulator.__new__(KernelEmulator)._refresh_parent(tree, tree.parent_dir(parent))
         tree.save(force=True)
     return report

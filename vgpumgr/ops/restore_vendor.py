@@ -1,0 +1,70 @@
+"""The vendor steps of `vgpumgr restore` on one card (vendor_steps.py), reported as restore's other steps:
+Ascend's vNPU VM mode set again, Intel's per-VF quotas written again before the VFs, AMD GIM's VF count checked
+(blocked with the module reload that would change it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpumgr import vendor_steps, vendors
+from vgpumgr.errors import VgpuError
+
+# restore's step statuses (restore_steps.py names them; repeated here so that the two modules need not import
+# each other)
+OK_, DONE, PLANNED, BLOCKED, FAILED_ = "ok", "done", "planned", "blocked", "failed"
+
+ORDER = (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, vendors.STEP_I915_LMEM_QUOTA,
+         vendors.STEP_XE_VRAM_QUOTA)
+
+
+def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
+    pf = run.w.gpu
+    want = dict(run.w.vendor)
+    if run.w.numvfs and vendor_steps.fixed_vf_count(run.host, pf):
+        want[vendors.STEP_GIM_VF_NUM] = {"vf_num": run.w.numvfs}  # the recorded VF count is what GIM must have made
+    for step in sorted(want, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        value = want[step]
+        try:
+            now = vendor_steps.read_step(run.host, pf, step, value)
+        except VgpuError as e:
+            run.step(step, pf, FAILED_, e.message, hint=e.hint)
+            continue
+        if now.ok:
+            run.step(step, pf, OK_, now.message)
+            continue
+        if step == vendors.STEP_GIM_VF_NUM:  # never written by vgpumgr
+            run.step(step, pf, BLOCKED, now.message, hint=now.hint, numvfs=now.current.get("numvfs"))
+            continue
+        if run.dry_run:
+            run.step(step, pf, PLANNED, f"would bring back {step}: {_want_text(value)} ({now.message})")
+            continue
+        try:
+            res = vendor_steps.apply(run.host, pf, step, value)
+        except VgpuError as e:
+            run.step(step, pf, FAILED_, f"{step}: {e.message}", hint=e.hint)
+            continue
+        run.step(step, pf, DONE if res.ok else BLOCKED, res.message, hint=res.hint)
+
+
+def _want_text(value: dict[str, Any]) -> str:
+    if "mode" in value:
+        return f"vnpu-mode {value['mode']}"
+    if "quotas" in value:
+        return f"{len(value['quotas'])} VF quota(s)"
+    return str(value)
+
+
+def ensure_vnpu_mode(svc: Any, parent: str | None, type_id: str | None, actor: str | None = None) -> None:
+    """Before an Ascend vNPU mdev is made again (a hook's prepare, a VM's start after a reboot): the card's VM
+    mode, which the reboot took, set again and audited. Other types and parents pass untouched."""
+    from vgpumgr import ids
+
+    if not (type_id and type_id.startswith("vnpu-") and parent and ids.is_pci_address(parent)):
+        return
+    pf = ids.pci_address(parent)
+    if vendor_steps.ascend_mode(svc.host, pf) == 1:
+        return
+    res = vendor_steps.set_ascend_mode(svc.host, pf, 1)
+    svc.invalidate()
+    with svc.tx() as s:
+        svc.event(s, f"vendor.{vendors.STEP_ASCEND_VM_MODE}", actor=actor, gpu=pf, detail={"message": res.message})
