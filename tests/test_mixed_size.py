@@ -288,3 +288,16 @@ def test_real_h100_without_a_vgpu_manager_is_unknown_not_an_error() -> None:
 def test_a_pinned_placement_needs_mixed_size_mode(cli) -> None:  # noqa: ANN001
     rc, _, err = cli("vm", "create", "a", "--vgpu", "L40S-2Q", "--placement-id", "4")
     assert rc == 4 and "placement ID 4 asked for, but 0000:3d:00.0 is not in mixed-size mode" in err
+
+
+def test_discovery_reads_types_and_running_placements_in_mixed_mode(cli) -> None:  # noqa: ANN001
+    from vgpumgr.sim import guests
+
+    assert cli("gpu", "mode", L40S, "--mixed")[0] == 0
+    assert cli("vm", "create", "a", "--vgpu", "L40S-12Q", "--placement-id", "36")[0] == 0
+    guests.start(cli.root, "0000:3d:00.4", vm_uuid="5a0a9d57-3f57-4c55-9a3f-8e1f1d3f4b11", vm_name="a")
+    rc, out, _ = cli("gpus", "--json")
+    facts = next(g for g in json.loads(out) if g["address"] == L40S)["nvml"]["vgpu"]["mixed_size"]
+    assert facts["capable"] is True and facts["mode"] == "mixed"
+    assert facts["types"]["1155"] == {"placement_size": 24, "supported": [0, 24], "creatable": [0]}
+    assert facts["running"] == [{"mdev_uuid": None, "type_id": 1153, "placement_id": 36}]

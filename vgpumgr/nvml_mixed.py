@@ -48,8 +48,9 @@ def _placements(n: Any, name: str, handle: Any, type_id: int, **kwargs: Any) -> 
 
 
 def read(n: Any, handle: Any, type_ids: list[int]) -> dict[str, Any]:
-    """{"capable", "mode", "types": {type id: {"placement_size", "supported", "creatable"}}}: None where
-    NVML does not say. Per-type placements are read only on a GPU in mixed-size mode."""
+    """{"capable", "mode", "types": {type id: {"placement_size", "supported", "creatable"}}, "running": [...]}:
+    None where NVML does not say. Per-type placements and the running vGPUs' placement IDs (the only place R550
+    shows them) are read only on a GPU in mixed-size mode."""
     cap = _call(n, "nvmlDeviceGetVgpuCapabilities", handle, CAP_HETEROGENEOUS_SIZES)
     raw = _call(n, "nvmlDeviceGetVgpuHeterogeneousMode", handle)
     mode = None if raw is None else (MIXED if int(raw) == MODE_ENABLED else EQUAL)
@@ -64,6 +65,9 @@ def read(n: Any, handle: Any, type_ids: list[int]) -> dict[str, Any]:
             continue
         size = getattr(sup if sup is not None else cre, "placementSize", None)
         out["types"][str(tid)] = {"placement_size": size, "supported": _ids(sup), "creatable": _ids(cre)}
+    out["running"] = [{"mdev_uuid": _call(n, "nvmlVgpuInstanceGetMdevUUID", i) or None,
+                       "type_id": _call(n, "nvmlVgpuInstanceGetType", i), "placement_id": instance_placement(n, i)}
+                      for i in _call(n, "nvmlDeviceGetActiveVgpus", handle) or []]
     return out
 
 

@@ -10,6 +10,7 @@ ID that costs the larger types least (`placement_ids.choose`); `Policy.placement
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from vgpumgr import placement_ids as pid
@@ -44,6 +45,26 @@ def _slots(px: Any, phys: str, info: Any, region: int) -> tuple[int, tuple[int, 
     return pid.placement_size(region, size_gb, arch), pid.supported(region, size_gb, maxi, arch)
 
 
+@dataclass(frozen=True)
+class _AllocInfo:
+    """What a vGPU's record tells of its type when the GPU's catalogue does not name it."""
+
+    type: str
+    name: str
+    framebuffer_mb: int | None
+    mig_profile: str | None
+    max_instance: int | None = None
+
+
+def _alloc_info(a: Any) -> _AllocInfo:
+    from vgpumgr import ids
+
+    name = a.name or a.type
+    parsed = ids.parse_type_name(name) if name else None
+    fb = a.framebuffer_mb if a.framebuffer_mb is not None else (int(parsed.framebuffer_gb * 1024) if parsed else None)
+    return _AllocInfo(a.type, name, fb, parsed.mig_profile if parsed else None)
+
+
 def _label(a: Any) -> str:
     short = (a.name or a.type).split()[-1]
     return f"{short} of {a.vm}" if a.vm else f"{short} (no VM recorded)"
@@ -51,12 +72,10 @@ def _label(a: Any) -> str:
 
 def held(px: Any, phys: str, region: int, allocs: Sequence[Any]) -> list[tuple[int, int, str]]:
     """(placement id, size, label) of the time-sliced vGPUs on the GPU; unknown IDs as the driver would give."""
-    from vgpumgr.placement import _info_from_allocation
-
     known: list[tuple[int, int, str]] = []
     unknown: list[tuple[Any, Any]] = []
     for a in allocs:
-        info = px.info(phys, a.type) or _info_from_allocation(a)
+        info = px.info(phys, a.type) or _alloc_info(a)
         if info.mig_profile or info.framebuffer_mb is None:
             continue
         size, _ids = _slots(px, phys, info, region)

@@ -14,7 +14,7 @@ from pathlib import Path
 from vgpumgr import ids
 from vgpumgr.backends.common import write
 from vgpumgr.discovery.fs import read
-from vgpumgr.discovery.nvidia_vf import placement_id as read_placement
+from vgpumgr.discovery.placement_id import placement_id as read_placement
 from vgpumgr.errors import InvalidInput
 from vgpumgr.host import Host
 

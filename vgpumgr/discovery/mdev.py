@@ -8,6 +8,7 @@ import re
 
 from vgpumgr import ids
 from vgpumgr.discovery.fs import link_name, listdir, read
+from vgpumgr.discovery.placement_id import placement_id as read_placement_id
 from vgpumgr.host import Host
 from vgpumgr.kinds import BACKEND_MDEV
 
@@ -239,11 +240,4 @@ def read_mdev(host: Host, uuid: str, parents: set[str] | None = None) -> Mdev | 
     type_dir = link_name(f"{link}/mdev_type") or "?"
     backing = read(f"{link}/hw_vdavinci/vf") if type_dir.startswith("vnpu-") else None
     return Mdev(uuid=uuid, parent=parent, type=type_dir, iommu_group=int(group) if group and group.isdigit() else None,
-                gpu=physical_gpu(host, parent), placement_id=_placement_id(link), backing_vf=backing or None)
-
-
-def _placement_id(mdev_dir: str) -> int | None:
-    from vgpumgr.discovery.nvidia_vf import placement_id
-
-    return placement_id(mdev_dir)
-
+                gpu=physical_gpu(host, parent), placement_id=read_placement_id(link), backing_vf=backing or None)

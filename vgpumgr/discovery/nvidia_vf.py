@@ -7,6 +7,7 @@ import os
 from vgpumgr import ids
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
 from vgpumgr.discovery.mdev import enrich
+from vgpumgr.discovery.placement_id import placement_id as read_placement_id
 from vgpumgr.host import Host
 from vgpumgr.kinds import BACKEND_NVIDIA_VF
 
@@ -73,16 +74,5 @@ def discover_vf_vgpus(host: Host, names: dict[int, str] | None = None, gpus: set
         cur = read_int(f"{d}/nvidia/current_vgpu_type", 0) or 0
         if cur:
             out.append(VfVgpu(address=vf, type=f"nvidia-{cur}", name=(names or {}).get(cur), gpu=gpu,
-                              placement_id=placement_id(d)))
+                              placement_id=read_placement_id(d)))
     return out
-
-
-def placement_id(device_dir: str) -> int | None:
-    """A vGPU's `nvidia/placement_id` (R570+: a decimal ID or "Not Applicable"); None when absent or not one."""
-    try:
-        with open(f"{device_dir}/nvidia/placement_id") as f:
-            text = f.read().strip()
-    except OSError:  # R550 has no such file; a VF without a vGPU answers ENXIO
-        return None
-    return int(text) if text.isdigit() else None
-

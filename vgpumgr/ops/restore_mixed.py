@@ -15,6 +15,8 @@ from vgpumgr.backends import placement_id as pid_backend
 from vgpumgr.errors import VgpuError
 from vgpumgr.ops import vgpu_mode as modes
 
+OK_, DONE, FAILED_ = "ok", "done", "failed"  # restore_steps' statuses (it imports this module)
+
 
 def _layer(run: Any) -> Any:
     if run.layer is None:
@@ -23,8 +25,6 @@ def _layer(run: Any) -> Any:
 
 
 def vgpu_mode(run: Any) -> None:
-    from vgpumgr.ops.restore_steps import DONE, FAILED_, OK_
-
     gpu, want = run.w.gpu, run.w.vgpu_mode
     try:
         layer = _layer(run)
@@ -51,8 +51,6 @@ def vgpu_mode(run: Any) -> None:
 
 def placement(run: Any, target: str, want: int | None, *, uuid: str | None = None, vf: str | None = None) -> None:
     """Give the vGPU `target` (mdev UUID or VF) its recorded placement ID `want` again, and read it back."""
-    from vgpumgr.ops.restore_steps import FAILED_, OK_
-
     if want is None:
         return
     d = pid_backend.device_dir(run.host, uuid=uuid, vf=vf)
