@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0008_fleet_rows: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0012_licence_delivery: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -62,7 +62,7 @@ CREATE TABLE licence_pools (
 	seats INTEGER NOT NULL, 
 	unit VARCHAR(8) NOT NULL, 
 	expires DATE, 
-	created_at DATETIME NOT NULL, 
+	created_at DATETIME NOT NULL, delivery VARCHAR(8), 
 	PRIMARY KEY (id), 
 	CONSTRAINT ck_licence_pools_seats CHECK (seats >= 0), 
 	CONSTRAINT ck_licence_pools_unit CHECK (unit IN ('vm', 'gpu')), 
@@ -262,5 +262,22 @@ CREATE TABLE fleet_capacity (
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
 CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
-INSERT INTO "alembic_version" VALUES('0008_fleet_rows');
+CREATE TABLE licence_deliveries (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	vm VARCHAR(64) NOT NULL, 
+	vm_uuid VARCHAR(36), 
+	mode VARCHAR(8), 
+	method VARCHAR(8), 
+	fingerprint VARCHAR(32), 
+	server VARCHAR(512), 
+	delivered_at DATETIME, 
+	started_at DATETIME, 
+	first_licensed_at DATETIME, 
+	error TEXT, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_licence_deliveries_host_vm UNIQUE (host_id, vm), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+INSERT INTO "alembic_version" VALUES('0012_licence_delivery');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

@@ -55,6 +55,7 @@ _ERR_ACCESS_DENIED = 88
 _ERR_AUTH_FAILED = 45
 _ERR_DOM_EXIST = 52
 _ERR_HOOK_SCRIPT_FAILED = 70
+_ERR_AGENT_UNRESPONSIVE = 86
 
 
 def _libvirt() -> Any:
@@ -85,6 +86,10 @@ def _translate(exc: Exception, action: str) -> VgpuError:
         return PermissionDenied(msg, hint="run as root or as a member of the libvirt group")
     if code == _ERR_HOOK_SCRIPT_FAILED:  # e.g. a migration's destination hook refused the incoming domain
         return Conflict(msg, hint="a libvirt hook refused; its message above says why (nothing was changed)")
+    if code == _ERR_AGENT_UNRESPONSIVE:
+        return Unavailable(msg, hint="install and start the QEMU guest agent in the guest (qemu-guest-agent) and give "
+                                     "the VM its channel (<channel type='unix'><target type='virtio' "
+                                     "name='org.qemu.guest_agent.0'/></channel>)")
     if code == _ERR_NO_SUPPORT:
         return Unavailable(msg, hint="this libvirt driver does not support the operation")
     return VgpuError(msg, hint="libvirt's log (journalctl -u libvirtd or virtqemud) has the details")
@@ -328,6 +333,31 @@ class Virt:
         if wanted not in _identities(config):
             raise NotFound(f"VM '{name}' has no device {wanted[1]}",
                            hint=f"`vgpumgr vm show {name}` lists its devices")
+
+    # -- the QEMU guest agent --------------------------------------------------------------------
+    def agent(self, name: str, command: str, arguments: dict[str, Any] | None = None, timeout: int = 10) -> Any:
+        """One QEMU guest agent command (qemuAgentCommand; libvirt has no API of its own for guest files) and its
+        `return` value. The test driver has no agent: a `test:///` connection with a state directory answers
+        from the simulated guest agent (vgpumgr.sim.guest_agent) of the VM's simulated guest."""
+        dom = self._lookup(name)
+        if not dom.isActive():
+            raise Conflict(f"VM '{name}' is not running: its guest agent cannot answer",
+                           hint=f"start it first (`vgpumgr vm start {name}`)")
+        message = {"execute": command, **({"arguments": arguments} if arguments else {})}
+        if self.uri.startswith("test:///"):
+            from vgpumgr.sim.guest_agent import SimAgent
+
+            if self.state_path is None:
+                raise Unavailable(f"guest agent of VM '{name}': the test driver has no guest agent",
+                                  hint="give a state directory: the simulated guests live there")
+            return SimAgent(self.state_path, ids.mdev_uuid(dom.UUIDString())).execute(name, message)
+        try:
+            import libvirt_qemu
+        except ImportError as exc:  # pragma: no cover - shipped with libvirt-python
+            raise Unavailable("libvirt_qemu is not installed", hint="reinstall libvirt-python") from exc
+        with self._errors(f"guest agent of VM '{name}' ({command})"):
+            reply = libvirt_qemu.qemuAgentCommand(dom, json.dumps(message), timeout, 0)
+        return json.loads(reply).get("return")
 
     # -- test-driver persistence -------------------------------------------------------------------
     @contextlib.contextmanager
