@@ -13,7 +13,7 @@ import base64
 import time
 from typing import Any
 
-from vgpumgr.errors import VgpuError
+from vgpumgr.errors import Conflict, Timeout, VgpuError
 
 CHUNK = 48 * 1024  # raw bytes per guest-file-write (QGA reads at most 48 MiB a command; a token is a few KiB)
 LINUX_DIR = "/etc/nvidia/ClientConfigToken"
@@ -32,6 +32,16 @@ def target(os_id: str, file_name: str) -> tuple[str, str, str, list[str]]:
 
 
 def push_token(virt: Any, vm: str, data: bytes, file_name: str, *, wait_s: float = 30.0) -> dict[str, Any]:
+    try:
+        return _push(virt, vm, data, file_name, wait_s)
+    except VgpuError as e:
+        if type(e) is not VgpuError:  # not found, unavailable (no agent), ...: already precise
+            raise
+        raise Conflict(e.message, hint="the guest refused: is NVIDIA's guest driver installed (it creates the token "
+                                       "directory) and the agent allowed to write files and run commands?") from e
+
+
+def _push(virt: Any, vm: str, data: bytes, file_name: str, wait_s: float) -> dict[str, Any]:
     osinfo = virt.agent(vm, "guest-get-osinfo") or {}
     os_name, path, service, restart = target(str(osinfo.get("id", "")), file_name)
     handle = virt.agent(vm, "guest-file-open", {"path": path, "mode": "wb"})
@@ -50,10 +60,10 @@ def push_token(virt: Any, vm: str, data: bytes, file_name: str, *, wait_s: float
             break
         time.sleep(0.2)
     if not status.get("exited"):
-        raise VgpuError(f"VM {vm}: the token is in {path}, but restarting {service} did not finish in {wait_s:g} s",
+        raise Timeout(f"VM {vm}: the token is in {path}, but restarting {service} did not finish in {wait_s:g} s",
                         hint=f"restart {service} in the guest, or run `vgpumgr license deliver {vm}` again")
     code = status.get("exitcode")
     if code != 0:
-        raise VgpuError(f"VM {vm}: the token is in {path}, but restarting {service} exited with {code}",
+        raise Conflict(f"VM {vm}: the token is in {path}, but restarting {service} exited with {code}",
                         hint=f"is NVIDIA's guest driver installed in the guest? ({service} restarts the licensing)")
     return {"os": os_name, "path": path, "service": service, "restarted": True}

@@ -38,8 +38,13 @@ def define(libvirt_state: Path, vm_uuid: str, *, os_id: str = "debian", licensin
            agent: bool = True) -> Path:
     """Create (or update) the simulated guest of a VM: its OS (`debian`, `mswindows`, ...), whether it licenses
     once a token arrived (`token`) or never (`never`), and whether its guest agent runs."""
+    from vgpumgr import guest_agent as host_agent
+
     d = guest_dir(libvirt_state, vm_uuid)
-    (d / "fs").mkdir(parents=True, exist_ok=True)
+    windows = os_id in WINDOWS_IDS
+    # NVIDIA's guest driver is installed: its token directory exists
+    host_path(d, host_agent.WINDOWS_DIR if windows else host_agent.LINUX_DIR, windows).mkdir(parents=True,
+                                                                                             exist_ok=True)
     (d / GUEST_FILE).write_text(json.dumps({"os": os_id, "licensing": licensing, "agent": agent}))
     return d
 
