@@ -146,6 +146,12 @@ def test_a_token_set_once_reaches_a_linux_vm_by_fwcfg_and_a_windows_vm_by_the_ag
         if "GET" in getattr(route, "methods", ()) and path.startswith("/v1/") and "{" not in path:
             answers.append(client.get(path, headers=h).text)
     answers.append(client.post("/v1/licences/check", headers=h).text)
+    pushed = client.post("/v1/licences/deliver/win", headers=h)
+    assert pushed.status_code == 200 and pushed.json()["fingerprint"] == fp
+    answers.append(pushed.text)
+    assert client.post("/v1/licences/deliver/nosuch", headers=h).status_code == 404
+    listed = client.get("/v1/licences/deliveries", headers=h).json()
+    assert [t["fingerprint"] for t in listed["tokens"]] == [fp] and {v["vm"] for v in listed["vms"]} == {"lin", "win"}
     page = client.get("/ui/login")
     csrf = re.search(r'name="csrf" value="([^"]*)"', page.text).group(1)
     client.post("/ui/login", data={"token": admin, "csrf": csrf, "next": "/ui/"}, follow_redirects=False)
@@ -175,7 +181,8 @@ def test_a_token_set_once_reaches_a_linux_vm_by_fwcfg_and_a_windows_vm_by_the_ag
 
 def test_license_check_names_the_vm_whose_guest_did_not_license_after_delivery(
         lab: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "nls.tok").write_bytes(make_token())
+    token = make_token()
+    (tmp_path / "nls.tok").write_bytes(token)
     lab.cli("license", "token", "set", str(tmp_path / "nls.tok"))
     lab.cli("vm", "create", "good", "--vgpu", "L40S-4Q", "--start")
     lab.cli("vm", "create", "stuck", "--vgpu", "L40S-4Q", "--start")
@@ -188,7 +195,8 @@ def test_license_check_names_the_vm_whose_guest_did_not_license_after_delivery(
     assert "delivered-still-unlicensed" in out and "stuck" in out and "good" not in out
     [f] = json.loads(lab.cli("license", "check", "--json", rc=10))["findings"]
     assert (f["kind"], f["vm"]) == ("delivered-still-unlicensed", "stuck")
-    assert "minutes ago" in f["evidence"] and licence_token.fingerprint(make_token()) not in f["evidence"]
+    assert "ago; the guest still reports unlicensed-unrestricted" in f["evidence"]
+    assert licence_token.fingerprint(token) in f["evidence"] and token.decode() not in json.dumps(f)
 
 
 def test_token_not_delivered_expired_and_for_another_server(lab: Host, tmp_path: Path) -> None:

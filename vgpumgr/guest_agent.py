@@ -1,4 +1,4 @@
-"""Pushing the licence token into a running guest through the QEMU guest agent (docs/sources.md §33).
+"""Pushing the licence token into a running guest through the QEMU guest agent (docs/sources.md §21).
 
 The agent's own commands, sent with libvirt's qemuAgentCommand: `guest-get-osinfo` tells Windows (`mswindows`)
 from Linux; `guest-file-open` / `guest-file-write` (base64, in chunks) / `guest-file-close` write the token

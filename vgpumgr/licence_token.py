@@ -1,4 +1,4 @@
-"""NVIDIA's client configuration token as a secret of this host (docs/sources.md §33).
+"""NVIDIA's client configuration token as a secret of this host (docs/sources.md §21).
 
 The token (`client_configuration_token_<timestamp>.tok`, from the NVIDIA Licensing Portal or a DLS appliance)
 points a guest's licensing service at the licence server. vgpumgr keeps it as a file, never as a value:

@@ -1,4 +1,4 @@
-"""Delivering NVIDIA's client configuration token to each VM's guest (docs/sources.md §33).
+"""Delivering NVIDIA's client configuration token to each VM's guest (docs/sources.md §21).
 
 Per VM a mode, chosen for the VM (`vm create --licence-delivery`, `license delivery VM MODE`), else for the
 pool its seat comes from (`license delivery --pool P MODE`), else `VGPUMGR_LICENCE_DELIVERY` (default fwcfg):

@@ -1,4 +1,4 @@
-"""The simulated guest OS of a test-driver VM and its QEMU guest agent (docs/sources.md §33).
+"""The simulated guest OS of a test-driver VM and its QEMU guest agent (docs/sources.md §21).
 
 libvirt's test driver has no guest agent; vgpumgr.virt answers `test:///` agent commands from here. A simulated
 guest lives in `<state>/libvirt-test/guests/<vm-uuid>/`: `guest.json` (its OS and how it licenses, written by

@@ -1,4 +1,4 @@
-"""How a simulated guest licenses (docs/sources.md §19, §33): the state NVML reports for its vGPU.
+"""How a simulated guest licenses (docs/sources.md §19, §21): the state NVML reports for its vGPU.
 
 A guest started with `vgpumgr sim guest start --licensing token` behaves like NVIDIA's guest driver with a
 licence server it can reach: unlicensed until a client configuration token is in its token directory

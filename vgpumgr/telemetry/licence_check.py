@@ -89,7 +89,7 @@ def _delivery_findings(svc: Context, row: dict[str, Any], series: str | None, ba
     # vgpumgr judges delivery only where it delivers: a token is set here and the VM's mode is not none
     if state == "licensed" or not current or mode == "none":
         return out
-    if not delivered or (started and delivered < started and d.get("method") == "agent"):
+    if not delivered:
         why = (d.get("error") or
                {"agent": f"its delivery is agent and no token was pushed since it started "
                          f"(`vgpumgr license deliver {row['vm']}`)",
@@ -98,7 +98,8 @@ def _delivery_findings(svc: Context, row: dict[str, Any], series: str | None, ba
         out.append({**base, "kind": "token-not-delivered",
                     "evidence": f"the guest reports {state}; the licence token was not delivered: {why}"})
         return out
-    age = _since(delivered, now) or 0.0
+    # an agent's token stays on the guest's disk across restarts: the clock runs from the later of the two
+    age = _since(max(delivered, started or delivered), now) or 0.0
     by_fp = {i.fingerprint: i for i in current}
     got = by_fp.get(d.get("fingerprint") or "")
     if got is not None and got.expired():
@@ -114,10 +115,15 @@ def _delivery_findings(svc: Context, row: dict[str, Any], series: str | None, ba
                                     f"`vgpumgr license deliver {row['vm']}`)"})
     if age > delivery_grace_seconds():
         out.append({**base, "kind": "delivered-still-unlicensed",
-                    "evidence": f"token {d.get('fingerprint')} delivered by {d.get('method')} {age / 60:.0f} minutes "
-                                f"ago; the guest still reports {state} (is nvidia-gridd running, the licence server "
+                    "evidence": f"token {d.get('fingerprint')} delivered by {d.get('method')} {_ago(delivered, now)}; "
+                                f"the guest still reports {state} (is nvidia-gridd running, the licence server "
                                 "reachable, the guest's clock right?)"})
     return out
+
+
+def _ago(iso: str, now: float) -> str:
+    minutes = (_since(iso, now) or 0.0) / 60
+    return f"{minutes:.0f} minutes ago" if minutes >= 1 else "less than a minute ago"
 
 
 def findings(svc: Context, snap: dict[str, Any]) -> list[dict[str, Any]]:
