@@ -23,7 +23,7 @@ def fwcfg(root: Path, data: bytes, ft: int = 1, key: int = 0x25, by_name: bool =
     fw = root / "sys/firmware/qemu_fw_cfg"
     entry = fw / "by_key" / str(key)
     entry.mkdir(parents=True, exist_ok=True)
-    (entry / "name").write_text(NAME.format(ft=ft))
+    (entry / "name").write_text(NAME.format(ft=ft) + "\n")  # as the kernel shows it
     (entry / "raw").write_bytes(data)
     if by_name:
         link = fw / "by_name" / NAME.format(ft=ft)

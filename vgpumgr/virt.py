@@ -39,6 +39,7 @@ from vgpumgr.errors import (
 DEFAULT_URI = "qemu:///system"
 STATE_NAMES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown", 5: "shutoff",
                6: "crashed", 7: "pmsuspended"}
+TEST_AGENT_FILE = ".vgpumgr-agent"  # in <state>/libvirt-test/guests/: "module:Class" answering agent commands
 ACTIVE_STATES = {"running", "blocked", "paused", "shutdown", "pmsuspended"}
 
 # libvirt error codes (virErrorNumber) used below; numbers keep this module free of a libvirt import
@@ -345,12 +346,7 @@ class Virt:
                            hint=f"start it first (`vgpumgr vm start {name}`)")
         message = {"execute": command, **({"arguments": arguments} if arguments else {})}
         if self.uri.startswith("test:///"):
-            from vgpumgr.sim.guest_agent import SimAgent
-
-            if self.state_path is None:
-                raise Unavailable(f"guest agent of VM '{name}': the test driver has no guest agent",
-                                  hint="give a state directory: the simulated guests live there")
-            return SimAgent(self.state_path, ids.mdev_uuid(dom.UUIDString())).execute(name, message)
+            return self._test_agent(name, dom).execute(name, message)
         try:
             import libvirt_qemu
         except ImportError as exc:  # pragma: no cover - shipped with libvirt-python
@@ -358,6 +354,21 @@ class Virt:
         with self._errors(f"guest agent of VM '{name}' ({command})"):
             reply = libvirt_qemu.qemuAgentCommand(dom, json.dumps(message), timeout, 0)
         return json.loads(reply).get("return")
+
+    def _test_agent(self, name: str, dom: Any) -> Any:
+        """The test driver's stand-in for the agent, named ("module:Class") in the saved state's `guests/`
+        directory by the simulator that made the VM's guest (like a simulated root names its kernel)."""
+        import importlib
+
+        spec_file = self.state_path / "guests" / TEST_AGENT_FILE if self.state_path is not None else None
+        if spec_file is None or not spec_file.is_file():
+            raise Unavailable(f"guest agent of VM '{name}': Guest agent is not responding: QEMU guest agent is not "
+                              "connected", hint="the test driver has no guest agent; `vgpumgr sim guest start` "
+                                                "gives a simulated VM one")
+        module, _, cls = spec_file.read_text().strip().partition(":")
+        if not module.startswith("vgpumgr."):
+            raise InvalidInput(f"{spec_file} names '{module}', which is not a vgpumgr module", hint="remove it")
+        return getattr(importlib.import_module(module), cls)(self.state_path, ids.mdev_uuid(dom.UUIDString()))
 
     # -- test-driver persistence -------------------------------------------------------------------
     @contextlib.contextmanager

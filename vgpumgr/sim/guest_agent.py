@@ -46,6 +46,9 @@ def define(libvirt_state: Path, vm_uuid: str, *, os_id: str = "debian", licensin
     host_path(d, host_agent.WINDOWS_DIR if windows else host_agent.LINUX_DIR, windows).mkdir(parents=True,
                                                                                              exist_ok=True)
     (d / GUEST_FILE).write_text(json.dumps({"os": os_id, "licensing": licensing, "agent": agent}))
+    from vgpumgr.virt import TEST_AGENT_FILE
+
+    (d.parent / TEST_AGENT_FILE).write_text(f"{__name__}:SimAgent\n")  # vgpumgr.virt loads it for test:///
     return d
 
 

@@ -83,8 +83,8 @@ def boot(d: Path, fwcfg: list[tuple[str, bytes]]) -> bool:
     for key, (name, data) in enumerate(fwcfg, start=0x20):  # FW_CFG_FILE_FIRST: user items come after QEMU's own
         by_key = fw / "by_key" / str(key)
         by_key.mkdir(parents=True, exist_ok=True)
-        (by_key / "name").write_text(name)
-        (by_key / "size").write_text(str(len(data)))
+        (by_key / "name").write_text(f"{name}\n")  # the kernel's attributes end in a newline
+        (by_key / "size").write_text(f"{len(data)}\n")
         (by_key / "raw").write_bytes(data)
         link = fw / "by_name" / name
         link.parent.mkdir(parents=True, exist_ok=True)
