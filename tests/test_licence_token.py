@@ -321,3 +321,25 @@ def test_fwcfg_names_are_checked() -> None:
     xml = domain.render(spec)
     assert "<sysinfo type=\"fwcfg\">" in xml
     assert os.path.basename(domain.fwcfg_entries(xml)[0][1]) == "v.tok"
+
+
+def test_the_libvirt_prepare_hook_hands_qemu_the_current_token(lab: Host, tmp_path: Path) -> None:
+    """libvirtd runs the prepare hook right before QEMU reads the item's file: it gets the token set now, or an
+    empty file without one (QEMU would refuse to start on a missing file; the helper ignores an empty one)."""
+    first, second = make_token(), make_token()
+    (tmp_path / "1.tok").write_bytes(first)
+    lab.cli("license", "token", "set", str(tmp_path / "1.tok"))
+    lab.cli("vm", "create", "hooked", "--vgpu", "L40S-4Q")
+    svc = Service(lab.cfg)
+    xml = svc.vm_xml("hooked")
+    [(_name, path)] = domain.fwcfg_entries(xml)
+    assert Path(path).read_bytes() == first
+    licence_token.store(lab.state, second)  # changed behind vgpumgr's back (no refresh)
+    res = svc.libvirt_prepare("hooked", xml)
+    assert res["licence"]["fingerprint"] == licence_token.fingerprint(second)
+    assert Path(path).read_bytes() == second
+    licence_token.remove(lab.state)
+    res = svc.libvirt_prepare("hooked", xml)
+    assert res["licence"]["fingerprint"] is None and Path(path).read_bytes() == b""
+    [row] = [r for r in json.loads(lab.cli("license", "delivery", "hooked", "--json"))]
+    assert "no licence token is set" in row["error"]
