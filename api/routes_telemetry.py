@@ -39,17 +39,11 @@ def licence_check(request: Request, svc: Service = Depends(service), token: Toke
 def licence_deliveries(svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
     """How each VM gets NVIDIA's client configuration token, and the tokens set on this host: fingerprints,
     servers and expiries only, never a token."""
-    from vgpumgr import licence_token
-    from vgpumgr.ops import licence_delivery
-
-    return {"tokens": [t.to_json() for t in licence_token.all_info(svc.cfg.state_dir)],
-            "vms": list(licence_delivery.records(svc).values())}
+    return {"tokens": svc.licence_tokens(), "vms": list(svc.licence_deliveries().values())}
 
 
 @router.post("/licences/deliver/{name}")
 def licence_deliver(name: str, svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))
                     ) -> dict[str, Any]:
     """Write the token into the running VM's guest through the QEMU guest agent and restart its licensing."""
-    from vgpumgr.ops import licence_delivery
-
-    return licence_delivery.deliver(svc, name, actor=token.actor)
+    return svc.deliver_licence_token(name, actor=token.actor)

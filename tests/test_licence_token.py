@@ -268,6 +268,9 @@ def test_token_commands_refuse_bad_input(lab: Host, tmp_path: Path) -> None:
     lab.cli("license", "token", "set", str(tmp_path / "missing.tok"), rc=3)
     (tmp_path / "empty.tok").write_bytes(b"")
     lab.cli("license", "token", "set", str(tmp_path / "empty.tok"), rc=2)
+    (tmp_path / "huge.tok").write_bytes(b"x" * (licence_token.MAX_TOKEN_BYTES + 1))
+    lab.cli("license", "token", "set", str(tmp_path / "huge.tok"), rc=2)
+    lab.cli("license", "token", "set", str(tmp_path), rc=2)  # a directory
     (tmp_path / "t.tok").write_bytes(make_token())
     lab.cli("license", "token", "set", str(tmp_path / "t.tok"), "--pool", "nosuch", rc=3)
     lab.cli("license", "token", "remove", rc=3)

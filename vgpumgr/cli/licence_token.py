@@ -44,6 +44,10 @@ def _read_token_file(name: str) -> bytes:
 
     path = Path(name)
     try:
+        size = path.stat().st_size if path.is_file() else 0
+        if size > licence_token.MAX_TOKEN_BYTES:  # refused before it is read
+            raise InvalidInput(f"{path} has {size} bytes; a client configuration token is a few KiB",
+                               hint="give the client_configuration_token_*.tok file itself")
         return licence_token.check_token(path.read_bytes(), str(path))
     except FileNotFoundError:
         raise NotFound(f"{path} does not exist", hint="give the .tok file downloaded from the licence server") from None
@@ -53,98 +57,70 @@ def _read_token_file(name: str) -> bytes:
         raise PermissionDenied(f"{path} cannot be read", hint="run as root (the token is root's)") from None
 
 
-def _show(out: TextIO, infos: list[Any]) -> None:
-    table(out, ["SCOPE", "FINGERPRINT", "SERVER", "EXPIRES", "SET"],
-          [[i.scope, i.fingerprint, i.server or "-", (i.expires.isoformat()[:19] if i.expires else "-")
-            + (" (expired)" if i.expired() else ""), i.set_at.isoformat()[:19]] for i in infos],
-          empty="no licence token is set (`vgpumgr license token set FILE`)")
-
-
 def token(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import licence_token
-    from vgpumgr.ops import licence_delivery
-
     svc = _service(args)
-    state = svc.cfg.state_dir
     if args.action == "show":
         if args.file:
             raise InvalidInput("`license token show` takes no FILE", hint="use --pool POOL for one pool's token")
-        infos = licence_token.all_info(state)
-        if args.pool:
-            infos = [i for i in infos if i.scope == licence_token.scope_of(args.pool)]
+        infos = [t for t in svc.licence_tokens() if not args.pool or t["scope"] == args.pool]
         if args.json:
-            dump_json(out, [i.to_json() for i in infos])
+            dump_json(out, infos)
         else:
-            _show(out, infos)
+            table(out, ["SCOPE", "FINGERPRINT", "SERVER", "EXPIRES", "SET"],
+                  [[t["scope"], t["fingerprint"], t["server"] or "-",
+                    (t["expires"] or "-")[:19] + (" (expired)" if t["expired"] else ""), t["set_at"][:19]]
+                   for t in infos],
+                  empty="no licence token is set (`vgpumgr license token set FILE`)")
         return 0
-    scope = licence_token.scope_of(args.pool)
-    if args.pool:
-        from vgpumgr import licensing
-
-        with svc.sessions() as s:
-            licensing.get_pool(s, args.pool)
     if args.action == "set":
         if not args.file:
             raise InvalidInput("`license token set` needs the token file", hint="vgpumgr license token set FILE")
-        data = _read_token_file(args.file)
-        new, old = licence_token.store(state, data, scope)
-        action = licence_delivery.TOKEN_SET
-        detail: dict[str, Any] = {"scope": scope, "fingerprint": new.fingerprint, "server": new.server,
-                                  "expires": new.expires.isoformat() if new.expires else None,
-                                  "replaced": old.fingerprint if old else None}
+        res = svc.set_licence_token(_read_token_file(args.file), pool=args.pool)
     else:
         if args.file:
             raise InvalidInput("`license token remove` takes no FILE", hint="use --pool POOL for one pool's token")
-        old = licence_token.remove(state, scope)
-        new, action = None, licence_delivery.TOKEN_REMOVE
-        detail = {"scope": scope, "fingerprint": old.fingerprint}
-    with svc.tx() as s:
-        svc.event(s, action, detail=detail)
-    copies = licence_delivery.refresh_copies(svc)
-    pushed = licence_delivery.deliver_agent_vms(svc) if new is not None else []
+        res = svc.remove_licence_token(pool=args.pool)
     if args.json:
-        dump_json(out, {**detail, "action": action, "fw_cfg_copies": copies, "agent": pushed})
+        dump_json(out, res)
         return 0
-    if new is not None:
-        verb = "changed" if old and old.fingerprint != new.fingerprint else "set" if not old else "unchanged"
-        out.write(f"licence token {verb} for {'every VM' if scope == 'default' else 'pool ' + scope}: "
-                  f"{new.fingerprint}, server {new.server or 'unknown'}, "
-                  f"expires {new.expires.isoformat()[:19] if new.expires else 'unknown'}\n")
-        if new.expired():
+    whom = "every VM" if res["scope"] == "default" else "pool " + res["scope"]
+    if args.action == "set":
+        verb = "set" if not res["replaced"] else "unchanged" if res["replaced"] == res["fingerprint"] else "changed"
+        out.write(f"licence token {verb} for {whom}: {res['fingerprint']}, server {res['server'] or 'unknown'}, "
+                  f"expires {(res['expires'] or 'unknown')[:19]}\n")
+        if res["expired"]:
             out.write("warning: this token has expired; guests will not license with it\n")
     else:
-        whom = "every VM" if scope == "default" else "pool " + scope
-        out.write(f"licence token {old.fingerprint} removed ({whom})\n")
+        out.write(f"licence token {res['fingerprint']} removed ({whom})\n")
+    copies = res["fw_cfg_copies"]
     if copies:
         out.write(f"{copies} VM fw_cfg cop{'y' if copies == 1 else 'ies'} refreshed "
                   "(guests read it at their next boot)\n")
-    for p in pushed:
+    for p in res["agent"]:
         out.write(f"  {p['vm']}: " + (f"delivered through the guest agent ({p['path']})" if "error" not in p
                                      else f"agent delivery failed: {p['error']}") + "\n")
     return 0
 
 
 def delivery(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.ops import licence_delivery
-
     svc = _service(args)
     mode = None if args.mode in (None, "default") else args.mode
     if args.pool:
         # `license delivery --pool P MODE`: argparse hands the one positional to VM
         given = args.mode or args.vm
-        if given not in (*licence_delivery.MODES, "default") or (args.mode and args.vm):
+        if given not in ("fwcfg", "agent", "none", "default") or (args.mode and args.vm):
             raise InvalidInput("`license delivery --pool P` needs one mode and no VM",
                                hint="vgpumgr license delivery --pool P fwcfg|agent|none|default")
         mode = None if given == "default" else given
-        res = licence_delivery.set_pool_mode(svc, args.pool, mode)
+        res = svc.set_pool_licence_delivery(args.pool, mode)
         dump_json(out, res) if args.json else out.write(f"pool {args.pool}: licence delivery {mode or 'default'}\n")
         return 0
     if args.vm and args.mode:
-        res = licence_delivery.set_vm_mode(svc, args.vm, mode)
+        res = svc.set_licence_delivery(args.vm, mode)
         dump_json(out, res) if args.json else out.write(f"VM {res['vm']}: licence delivery {res['mode']} "
                                                         f"(chosen by {res['chosen_by']})\n")
         return 0
-    rows = list(licence_delivery.records(svc).values())
+    rows = list(svc.licence_deliveries().values())
     if args.vm:
         rows = [r for r in rows if r["vm"] == args.vm]
         if not rows:
@@ -162,9 +138,7 @@ def delivery(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def deliver(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.ops import licence_delivery
-
-    res = licence_delivery.deliver(_service(args), args.vm)
+    res = _service(args).deliver_licence_token(args.vm)
     if args.json:
         dump_json(out, res)
     else:

@@ -271,6 +271,37 @@ def refresh_copies(svc: Context) -> int:
     return n
 
 
+# -- the token -----------------------------------------------------------------------------------------
+def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str | None = None) -> dict[str, Any]:
+    """Store the token (for every VM, or for `pool`'s), audit it by fingerprint, refresh the VMs' fw_cfg copies
+    and push it to the running agent VMs. The answer carries what may be shown, never the token."""
+    scope = licence_token.scope_of(pool)
+    if pool is not None:
+        with svc.sessions() as s:
+            licensing.get_pool(s, pool)
+    new, old = licence_token.store(svc.cfg.state_dir, licence_token.check_token(data, "the token"), scope)
+    detail = {"scope": scope, "fingerprint": new.fingerprint, "server": new.server,
+              "expires": new.expires.isoformat() if new.expires else None,
+              "replaced": old.fingerprint if old else None}
+    with svc.tx() as s:
+        svc.event(s, TOKEN_SET, actor=actor, detail=detail)
+    return {**detail, "action": TOKEN_SET, "expired": new.expired(), "fw_cfg_copies": refresh_copies(svc),
+            "agent": deliver_agent_vms(svc, actor=actor)}
+
+
+def remove_token(svc: Context, *, pool: str | None = None, actor: str | None = None) -> dict[str, Any]:
+    scope = licence_token.scope_of(pool)
+    old = licence_token.remove(svc.cfg.state_dir, scope)
+    detail = {"scope": scope, "fingerprint": old.fingerprint}
+    with svc.tx() as s:
+        svc.event(s, TOKEN_REMOVE, actor=actor, detail=detail)
+    return {**detail, "action": TOKEN_REMOVE, "fw_cfg_copies": refresh_copies(svc), "agent": []}
+
+
+def tokens(svc: Context) -> list[dict[str, Any]]:
+    return [t.to_json() for t in licence_token.all_info(svc.cfg.state_dir)]
+
+
 # -- the guest agent -----------------------------------------------------------------------------------
 def deliver(svc: Context, vm: str, *, actor: str | None = None) -> dict[str, Any]:
     """Write the VM's token into its guest through the QEMU guest agent and restart the licensing service."""
