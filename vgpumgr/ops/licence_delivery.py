@@ -37,10 +37,6 @@ TOKEN_FILE = "client_configuration_token"
 TOKEN_SET = "licence.token.set"
 TOKEN_REMOVE = "licence.token.remove"
 DELIVER = "licence.token.deliver"
-LINUX_TOKEN_DIR = "/etc/nvidia/ClientConfigToken"
-WINDOWS_TOKEN_DIR = "C:\\Program Files\\NVIDIA Corporation\\vGPU Licensing\\ClientConfigToken"
-LINUX_SERVICE = "nvidia-gridd"
-WINDOWS_SERVICE = "NVDisplay.ContainerLocalSystem"
 
 
 def check_mode(mode: str) -> str:
