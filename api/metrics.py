@@ -77,7 +77,7 @@ def _delivery_metrics(svc: Service) -> Iterator[Metric]:
     delivered = GaugeMetricFamily("vgpumgr_vm_licence_token_delivered_timestamp_seconds",
                                   "when the licence token was last delivered to the VM's guest",
                                   labels=["vm", "method"])
-    took = GaugeMetricFamily("vgpumgr_vm_licence_seconds_to_licensed",
+    took = GaugeMetricFamily("vgpumgr_vm_licence_time_to_licensed_seconds",
                              "seconds from the VM's start to its guest's first licensed state", labels=["vm"])
     for r in licence_delivery.records(svc).values():
         if r["delivered_at"]:

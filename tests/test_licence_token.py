@@ -159,7 +159,7 @@ def test_a_token_set_once_reaches_a_linux_vm_by_fwcfg_and_a_windows_vm_by_the_ag
     assert 'data-vm="win" data-mode="agent"' in licences_page and fp in licences_page
     answers.append(licences_page)
     metrics = answers[0]
-    assert re.search(r'vgpumgr_vm_licence_seconds_to_licensed\{vm="lin"\} \d', metrics)
+    assert re.search(r'vgpumgr_vm_licence_time_to_licensed_seconds\{vm="lin"\} \d', metrics)
     answers.append(lab.cli("audit", "list", "--json"))
     assert fp in answers[-1] and "licence.token.set" in answers[-1]
     export = tmp_path / "audit.jsonl"
