@@ -60,8 +60,34 @@ class _StateCollector(Collector):
                 free.add_metric([e.edition], e.free)
             yield used
             yield free
+            yield from _delivery_metrics(svc)
         except Exception:  # a scrape must not fail because one source did
             log.exception("collecting metrics failed")
+
+
+def _delivery_metrics(svc: Service) -> Iterator[Metric]:
+    """Per VM: when the licence token was last delivered, and the seconds from the VM's start to its guest's first
+    licensed state (vgpumgr.ops.licence_delivery; fingerprints and tokens are never labels)."""
+    from datetime import datetime
+
+    from vgpumgr.ops import licence_delivery
+
+    def ts(iso: str | None) -> float | None:
+        return datetime.fromisoformat(iso).timestamp() if iso else None
+
+    delivered = GaugeMetricFamily("vgpumgr_vm_licence_token_delivered_timestamp_seconds",
+                                  "when the licence token was last delivered to the VM's guest",
+                                  labels=["vm", "method"])
+    took = GaugeMetricFamily("vgpumgr_vm_licence_time_to_licensed_seconds",
+                             "seconds from the VM's start to its guest's first licensed state", labels=["vm"])
+    for r in licence_delivery.records(svc).values():
+        if r["delivered_at"]:
+            delivered.add_metric([r["vm"], r["method"] or ""], ts(r["delivered_at"]))
+        start, first = ts(r["started_at"]), ts(r["first_licensed_at"])
+        if start is not None and first is not None:
+            took.add_metric([r["vm"]], max(0.0, first - start))
+    yield delivered
+    yield took
 
 
 VGPU_LABELS = ["host", "gpu", "vm", "vm_uuid", "type", "vgpu"]

@@ -62,7 +62,7 @@ CREATE TABLE licence_pools (
 	seats INTEGER NOT NULL, 
 	unit VARCHAR(8) NOT NULL, 
 	expires DATE, 
-	created_at DATETIME NOT NULL, 
+	created_at DATETIME NOT NULL, delivery VARCHAR(8), 
 	PRIMARY KEY (id), 
 	CONSTRAINT ck_licence_pools_seats CHECK (seats >= 0), 
 	CONSTRAINT ck_licence_pools_unit CHECK (unit IN ('vm', 'gpu')), 
@@ -267,6 +267,23 @@ CREATE TABLE vgpumgr_schema (
 	contract_level INTEGER NOT NULL, 
 	changed_by VARCHAR(255), 
 	PRIMARY KEY (id)
+);
+CREATE TABLE licence_deliveries (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	vm VARCHAR(64) NOT NULL, 
+	vm_uuid VARCHAR(36), 
+	mode VARCHAR(8), 
+	method VARCHAR(8), 
+	fingerprint VARCHAR(32), 
+	server VARCHAR(512), 
+	delivered_at DATETIME, 
+	started_at DATETIME, 
+	first_licensed_at DATETIME, 
+	error TEXT, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_licence_deliveries_host_vm UNIQUE (host_id, vm), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
 INSERT INTO "alembic_version" VALUES('0013_vendor_slices');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

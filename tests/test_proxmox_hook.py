@@ -148,3 +148,28 @@ def test_reconcile_and_restore_never_write_a_type_that_proxmox_owns(server: Serv
     assert qm.vf_type(VF4) == 0  # the boot-time restore keeps out too
     assert qm.hook(107, "post-stop").returncode == 0
     assert records(server, "pve-107") == []
+
+
+def test_pre_start_refreshes_the_licence_token_copy_and_names_the_args_line(server: Server, qm: QemuServer) -> None:
+    """Proxmox gives QEMU fw_cfg only through root's `args:`: pre-start writes the VM's token copy and prints the
+    line to add until the VM's config has it."""
+    import os
+
+    from vgpumgr import licence_token
+
+    token = b"eyJhbGciOiJSUzI1NiJ9.e30." + os.urandom(16).hex().encode()
+    licence_token.store(server.cfg.state_dir, token)
+    try:
+        conf = qm.pve / "qemu-server/106.conf"
+        conf.write_text(f"hostpci0: {VF6},mdev=nvidia-1150\n")
+        r = qm.hook(106, "pre-start")
+        assert r.returncode == 0, r.stderr
+        copy = licence_token.fwcfg_path(server.cfg.state_dir, "pve-106")
+        args = f"-fw_cfg name=opt/dev.vgpumgr/nls/ft1/client_configuration_token,file={copy}"
+        assert f"args: {args}" in r.stdout and copy.read_bytes() == token
+        assert token.decode() not in r.stdout + r.stderr
+        conf.write_text(conf.read_text() + f"args: {args}\n")
+        r = qm.hook(106, "pre-start")
+        assert r.returncode == 0 and "args:" not in r.stdout
+    finally:
+        licence_token.remove(server.cfg.state_dir)

@@ -68,6 +68,8 @@ class VmSpec:
     # "kvm" (hardware virtualisation, the CPU passed through) or "qemu" (software emulation, QEMU's default
     # CPU model): a nested or PVM host without usable KVM can only run the latter
     domain_type: str = "kvm"
+    # fw_cfg items for the guest, (name under opt/, host file QEMU reads): the licence token's copy
+    fwcfg: list[tuple[str, str]] = field(default_factory=list)
 
 
 # -- templates and XML-backed device classes -------------------------------------------------------------
@@ -373,7 +375,54 @@ def _checked_spec(spec: VmSpec) -> VmSpec:
         hostdevs=hostdevs,
         allocations=spec.allocations,
         domain_type=spec.domain_type,
+        fwcfg=[check_fwcfg_entry(n, f) for n, f in spec.fwcfg],
     )
+
+
+# -- fw_cfg items (<sysinfo type='fwcfg'>, libvirt >= 6.5.0; QEMU's -fw_cfg name=...,file=...) ------------
+FWCFG_MAX_NAME = 55  # FW_CFG_MAX_FILE_PATH is 56 with the terminating NUL (linux uapi qemu_fw_cfg.h)
+_FWCFG_NAME = re.compile(r"^opt/[\x21-\x7e]+$")
+
+
+def check_fwcfg_entry(name: str, path: str) -> tuple[str, str]:
+    """(name, absolute file) of one fw_cfg item, or InvalidInput: the name begins with opt/ (QEMU reserves the
+    rest), is printable ASCII without spaces and at most 55 characters."""
+    if not isinstance(name, str) or not _FWCFG_NAME.match(name) or name.startswith(("opt/ovmf/", "opt/org.qemu/")):
+        raise InvalidInput(f"fw_cfg name {name!r} is not usable",
+                           hint="use opt/<reverse domain>/<name> in printable ASCII, e.g. opt/dev.vgpumgr/nls/...")
+    if len(name) > FWCFG_MAX_NAME:
+        raise InvalidInput(f"fw_cfg name {name!r} has {len(name)} characters; the guest kernel keeps {FWCFG_MAX_NAME}",
+                           hint="shorten the name")
+    return name, check_disk_path(path)[0]
+
+
+def set_fwcfg(root: etree._Element, entries: list[tuple[str, str]], prefix: str) -> None:
+    """Replace the fw_cfg items whose name starts with `prefix` by `entries` (others' items stay)."""
+    sysinfo = root.find("sysinfo[@type='fwcfg']")
+    if sysinfo is not None:
+        for entry in sysinfo.findall("entry"):
+            if (entry.get("name") or "").startswith(prefix):
+                sysinfo.remove(entry)
+    if entries and sysinfo is None:
+        sysinfo = etree.Element("sysinfo", type="fwcfg")
+        anchor = root.find("os")
+        anchor.addprevious(sysinfo) if anchor is not None else root.append(sysinfo)
+    for name, path in entries:
+        etree.SubElement(sysinfo, "entry", name=name, file=path)
+    if sysinfo is not None and not len(sysinfo):
+        root.remove(sysinfo)
+
+
+def fwcfg_entries(xml: str) -> list[tuple[str, str | None]]:
+    """(name, file or None for an inline value) of every fw_cfg item a domain XML gives its guest."""
+    return [(e.get("name") or "", e.get("file")) for e in parse_xml(xml).iterfind("sysinfo[@type='fwcfg']/entry")]
+
+
+def with_fwcfg(xml: str, entries: list[tuple[str, str]], prefix: str) -> str:
+    """The domain XML with its fw_cfg items under `prefix` replaced by `entries` (checked)."""
+    root = parse_xml(xml)
+    set_fwcfg(root, [check_fwcfg_entry(n, f) for n, f in entries], prefix)
+    return _to_string(root)
 
 
 # -- rendering ----------------------------------------------------------------------------------------
@@ -423,6 +472,8 @@ def build(spec: VmSpec) -> Domain:
     if displays:
         dom.add_device(VncGraphics())
         dom.add_device(NoVideo())
+    if s.fwcfg:
+        set_fwcfg(dom.element, s.fwcfg, "opt/")
     return dom
 
 
@@ -498,6 +549,16 @@ def _semantic_problems(root: etree._Element) -> list[str]:
         seen.add(key)
     if ramfbs > 1:
         problems.append("only one vGPU may have ramfb='on'")
+    names: set[str] = set()
+    for entry in root.iterfind("sysinfo[@type='fwcfg']/entry"):
+        name = entry.get("name") or ""
+        try:
+            check_fwcfg_entry(name, entry.get("file") or "/inline")
+        except InvalidInput as e:
+            problems.append(e.message)
+        if name in names:
+            problems.append(f"fw_cfg item {name} is given twice")
+        names.add(name)
     return problems
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vgpumgr.errors import Unavailable
 
-DATA_DIRS = ("migrations", "xml_templates", "systemd")
+DATA_DIRS = ("migrations", "xml_templates", "systemd", "guest")
 
 
 def data_dir(name: str) -> Path:

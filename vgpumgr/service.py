@@ -16,6 +16,7 @@ from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import incoming as incoming_ops
 from vgpumgr.ops import leases as lease_ops
+from vgpumgr.ops import licence_delivery as delivery_ops
 from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops import migrate as migrate_ops
 from vgpumgr.ops import reconcile as reconcile_ops
@@ -73,6 +74,14 @@ class Service(Context):
     drain_host = drain_ops.drain
     telemetry = telemetry_ops.telemetry
     licence_check = telemetry_ops.licence_check
+    # NVIDIA's licence token and its delivery to the guests (ops/licence_delivery.py)
+    set_licence_token = delivery_ops.set_token
+    remove_licence_token = delivery_ops.remove_token
+    licence_tokens = delivery_ops.tokens
+    licence_deliveries = delivery_ops.records
+    set_licence_delivery = delivery_ops.set_vm_mode
+    set_pool_licence_delivery = delivery_ops.set_pool_mode
+    deliver_licence_token = delivery_ops.deliver
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
 

@@ -39,6 +39,7 @@ from vgpumgr.errors import (
 DEFAULT_URI = "qemu:///system"
 STATE_NAMES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown", 5: "shutoff",
                6: "crashed", 7: "pmsuspended"}
+TEST_AGENT_FILE = ".vgpumgr-agent"  # in <state>/libvirt-test/guests/: "module:Class" answering agent commands
 ACTIVE_STATES = {"running", "blocked", "paused", "shutdown", "pmsuspended"}
 
 # libvirt error codes (virErrorNumber) used below; numbers keep this module free of a libvirt import
@@ -55,6 +56,7 @@ _ERR_ACCESS_DENIED = 88
 _ERR_AUTH_FAILED = 45
 _ERR_DOM_EXIST = 52
 _ERR_HOOK_SCRIPT_FAILED = 70
+_ERR_AGENT_UNRESPONSIVE = 86
 
 
 def _libvirt() -> Any:
@@ -85,6 +87,10 @@ def _translate(exc: Exception, action: str) -> VgpuError:
         return PermissionDenied(msg, hint="run as root or as a member of the libvirt group")
     if code == _ERR_HOOK_SCRIPT_FAILED:  # e.g. a migration's destination hook refused the incoming domain
         return Conflict(msg, hint="a libvirt hook refused; its message above says why (nothing was changed)")
+    if code == _ERR_AGENT_UNRESPONSIVE:
+        return Unavailable(msg, hint="install and start the QEMU guest agent in the guest (qemu-guest-agent) and give "
+                                     "the VM its channel (<channel type='unix'><target type='virtio' "
+                                     "name='org.qemu.guest_agent.0'/></channel>)")
     if code == _ERR_NO_SUPPORT:
         return Unavailable(msg, hint="this libvirt driver does not support the operation")
     return VgpuError(msg, hint="libvirt's log (journalctl -u libvirtd or virtqemud) has the details")
@@ -328,6 +334,41 @@ class Virt:
         if wanted not in _identities(config):
             raise NotFound(f"VM '{name}' has no device {wanted[1]}",
                            hint=f"`vgpumgr vm show {name}` lists its devices")
+
+    # -- the QEMU guest agent --------------------------------------------------------------------
+    def agent(self, name: str, command: str, arguments: dict[str, Any] | None = None, timeout: int = 10) -> Any:
+        """One QEMU guest agent command (qemuAgentCommand; libvirt has no API of its own for guest files) and its
+        `return` value. The test driver has no agent: a `test:///` connection with a state directory answers
+        from the simulated guest agent (vgpumgr.sim.guest_agent) of the VM's simulated guest."""
+        dom = self._lookup(name)
+        if not dom.isActive():
+            raise Conflict(f"VM '{name}' is not running: its guest agent cannot answer",
+                           hint=f"start it first (`vgpumgr vm start {name}`)")
+        message = {"execute": command, **({"arguments": arguments} if arguments else {})}
+        if self.uri.startswith("test:///"):
+            return self._test_agent(name, dom).execute(name, message)
+        try:
+            import libvirt_qemu
+        except ImportError as exc:  # pragma: no cover - shipped with libvirt-python
+            raise Unavailable("libvirt_qemu is not installed", hint="reinstall libvirt-python") from exc
+        with self._errors(f"guest agent of VM '{name}' ({command})"):
+            reply = libvirt_qemu.qemuAgentCommand(dom, json.dumps(message), timeout, 0)
+        return json.loads(reply).get("return")
+
+    def _test_agent(self, name: str, dom: Any) -> Any:
+        """The test driver's stand-in for the agent, named ("module:Class") in the saved state's `guests/`
+        directory by the simulator that made the VM's guest (like a simulated root names its kernel)."""
+        import importlib
+
+        spec_file = self.state_path / "guests" / TEST_AGENT_FILE if self.state_path is not None else None
+        if spec_file is None or not spec_file.is_file():
+            raise Unavailable(f"guest agent of VM '{name}': Guest agent is not responding: QEMU guest agent is not "
+                              "connected", hint="the test driver has no guest agent; `vgpumgr sim guest start` "
+                                                "gives a simulated VM one")
+        module, _, cls = spec_file.read_text().strip().partition(":")
+        if not module.startswith("vgpumgr."):
+            raise InvalidInput(f"{spec_file} names '{module}', which is not a vgpumgr module", hint="remove it")
+        return getattr(importlib.import_module(module), cls)(self.state_path, ids.mdev_uuid(dom.UUIDString()))
 
     # -- test-driver persistence -------------------------------------------------------------------
     @contextlib.contextmanager

@@ -212,7 +212,12 @@ def licences_page(request: Request, svc: Service = Depends(service), _: Token = 
     with svc.sessions() as s:
         editions = licensing.usage(s)
     check = svc.licence_check(request.app.state.sampler.latest(), audit=False)  # a page only shows
-    return render(request, "licences.html", editions=editions, mode=svc.licence_mode, check=check)
+    from vgpumgr import licence_token
+    from vgpumgr.ops import licence_delivery
+
+    return render(request, "licences.html", editions=editions, mode=svc.licence_mode, check=check,
+                  deliveries=list(licence_delivery.records(svc).values()),
+                  tokens=licence_token.all_info(svc.cfg.state_dir))
 
 
 @router.get("/telemetry")

@@ -2,7 +2,7 @@
 AMD's GIM was loaded with (checked, never written), Intel's per-VF memory quotas (vgpumgr/vendor_steps.py).
 
 Revision ID: 0013_vendor_slices
-Revises: 0010_mixed_size
+Revises: 0012_licence_delivery
 Create Date: 2026-11-26
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0013_vendor_slices"
-down_revision = "0010_mixed_size"
+down_revision = "0012_licence_delivery"
 branch_labels = None
 depends_on = None
 phase = "expand"

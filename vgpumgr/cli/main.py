@@ -178,6 +178,11 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
                    help="load: sm, mem, enc, dec, jpg, ofa, wobble (repeat)")
     p.add_argument("--fb-used-mb", type=int, metavar="MB")
     p.add_argument("--state", metavar="STATE", help="licence: licensed, unlicensed, unlicensed-restricted, ...")
+    p.add_argument("--os", choices=("linux", "windows"),
+                   help="start: the guest's OS (a Linux guest reads its fw_cfg token with the guest helper at boot)")
+    p.add_argument("--licensing", choices=("token", "never"),
+                   help="start: the guest licenses once a token arrived (token) or never (never)")
+    p.add_argument("--no-agent", action="store_true", help="start: the guest runs no QEMU guest agent")
     p.add_argument("--json", action="store_true")
 
     p = cmd(sub, ("demo",), "vgpumgr.sim.demo:demo", "walk through the main job on a simulated host")

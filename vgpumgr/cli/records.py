@@ -55,6 +55,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(lic, ("license", "check"), "vgpumgr.cli.telemetry:licence_check",
             "compare the seat ledger with what each running guest reports (exit 10 on any finding)")
     p.add_argument("--json", action="store_true")
+    from vgpumgr.cli import licence_token
+
+    licence_token.register(lic, cmd)
 
     p = cmd(sub, ("reconcile",), "vgpumgr.cli.records:reconcile", "compare records with the host's devices")
     p.add_argument("--fix", action="store_true",

@@ -22,6 +22,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--network", metavar="NET", help="libvirt network name, or bridge:BR")
     p.add_argument("--firmware", choices=("bios", "uefi"), default="bios")
     p.add_argument("--display", action="store_true", help="display on the first mdev vGPU (VNC + ramfb)")
+    p.add_argument("--licence-delivery", "--license-delivery", choices=("fwcfg", "agent", "none"),
+                   help="how the guest gets the licence token (default: its pool's, else $VGPUMGR_LICENCE_DELIVERY "
+                        "or fwcfg)")
     _policy_args(p)
     p.add_argument("--start", action="store_true", help="start the VM after defining it")
     p.add_argument("--print-xml", action="store_true", help="dry run: print the XML, change nothing")
@@ -95,7 +98,7 @@ def create(args: argparse.Namespace, out: TextIO) -> int:
     res = svc.create_vm(args.name, vgpus=args.vgpu, passthrough=args.passthrough, mig=args.mig,
                         memory_mib=args.memory, vcpus=args.vcpus, disk=args.disk, network=args.network,
                         firmware=args.firmware, display=args.display, policy=policy_from(args), start=args.start,
-                        print_xml=args.print_xml)
+                        print_xml=args.print_xml, licence_delivery=args.licence_delivery)
     if args.print_xml:
         out.write(res["xml"])
         return 0

@@ -179,6 +179,7 @@ class LicencePool(Base):
     unit: Mapped[str] = mapped_column(String(8))
     expires: Mapped[date | None] = mapped_column(Date)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    delivery: Mapped[str | None] = mapped_column(String(8))  # its VMs' licence token delivery (fwcfg|agent|none)
 
     def expired(self, today: date) -> bool:
         return self.expires is not None and self.expires < today
@@ -205,6 +206,27 @@ class LicenceLease(Base):
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     pool: Mapped[LicencePool] = relationship(lazy="joined")
+
+
+class LicenceDelivery(Base):
+    """How a VM gets NVIDIA's client configuration token and when it last got it: the token's fingerprint and
+    server only, never the token (vgpumgr.licence_token)."""
+
+    __tablename__ = "licence_deliveries"
+    __table_args__ = (UniqueConstraint("host_id", "vm", name="uq_licence_deliveries_host_vm"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    vm: Mapped[str] = mapped_column(String(64))
+    vm_uuid: Mapped[str | None] = mapped_column(String(36))
+    mode: Mapped[str | None] = mapped_column(String(8))  # chosen for this VM; None: its pool's, else the default
+    method: Mapped[str | None] = mapped_column(String(8))  # how it was last delivered: fwcfg | agent
+    fingerprint: Mapped[str | None] = mapped_column(String(32))
+    server: Mapped[str | None] = mapped_column(String(512))
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # the VM's last start seen by vgpumgr
+    first_licensed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its guest's first licensed state since
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 class Allocation(Base):

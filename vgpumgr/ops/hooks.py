@@ -183,7 +183,11 @@ def libvirt_prepare(svc: Context, domain: str, xml: str, *, actor: str | None = 
         {"ready": ready, "created": created, "restored": restored}.get(outcome or "", []).append(address)
     arrived = incoming_ops.arrived(svc, domain, actor=actor)  # a migrating domain's vGPUs become active here
     stale_ops.note_domain(svc, domain, xml)  # libvirt has it: once it is gone, its records can be judged stale
-    return {"vm": domain, "ready": ready, "created": created, "restored": restored, "arrived": arrived}
+    from vgpumgr.ops import licence_delivery
+
+    licence = licence_delivery.prepare_start(svc, domain, xml)  # the fw_cfg token copy QEMU is about to read
+    return {"vm": domain, "ready": ready, "created": created, "restored": restored, "arrived": arrived,
+            **({"licence": licence} if licence else {})}
 
 
 def libvirt_migrate(svc: Context, domain: str, xml: str, *, actor: str | None = None) -> dict[str, Any]:
@@ -215,7 +219,11 @@ def proxmox_check(svc: Context, vm: str, type_name: str, candidates: list[str], 
                 pass
     released = stale_ops.release_stale_vfs(svc, candidates, actor=actor)
     result = adopt_ops.check_start(svc, type_name, vm=vm, candidates=candidates, actor=actor)
-    return {**result, "released_stale": [r for r in released if r["action"] == "released"]}
+    from vgpumgr.ops import licence_delivery
+
+    fwcfg = licence_delivery.proxmox_args(svc, vm)  # Proxmox gives fw_cfg to QEMU only through root's `args:`
+    return {**result, "released_stale": [r for r in released if r["action"] == "released"],
+            **({"licence_fwcfg_args": fwcfg} if fwcfg else {})}
 
 
 def proxmox_record(svc: Context, vm: str, type_name: str, vf: str, *, actor: str | None = None

@@ -25,6 +25,9 @@ def _reader(svc: Context) -> Reader:
 def telemetry(svc: Context, gpu: str | None = None) -> dict[str, Any]:
     """Every running vGPU of this host now (only those on `gpu` when given)."""
     snap = snapshot.take(svc, _reader(svc))
+    from vgpumgr.ops import licence_delivery
+
+    licence_delivery.note_licensed(svc, snap)
     if gpu:
         from vgpumgr import ids
 

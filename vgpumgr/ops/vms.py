@@ -23,13 +23,17 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
               mig: list[str] | None = None, memory_mib: int = 4096, vcpus: int = 2, disk: str | None = None,
               network: str | None = None, firmware: str = "bios", display: bool = False,
               policy: Policy | None = None, start: bool = False, print_xml: bool = False,
-              idempotency_key: str | None = None, actor: str | None = None) -> dict[str, Any]:
+              idempotency_key: str | None = None, actor: str | None = None,
+              licence_delivery: str | None = None) -> dict[str, Any]:
     """Place and create the VM's GPU devices, render and validate its XML, define (and start) it.
 
     Any failure undoes what was done, in reverse order, and is audited. `print_xml` changes nothing."""
     from vgpumgr.domain import VmSpec, render
+    from vgpumgr.ops import licence_delivery as delivery
 
     name = ids.vm_name(name)
+    if licence_delivery is not None:
+        delivery.check_mode(licence_delivery)
     vgpus, mig = list(vgpus or []), list(mig or [])
     asked, passthrough = list(passthrough or []), []
     for a in asked:  # a model name ("Ascend 910B"): the lowest free card of it not asked for already
@@ -66,6 +70,9 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
                                                        idempotency_key=f"{key}/pt/{i}" if key else None))
         spec.hostdevs = [hostdev_for(a, display and i == 0) for i, a in enumerate(made)]
         spec.allocations = [metadata_for(a) for a in made]
+        if licence_delivery is not None:
+            delivery.set_vm_mode(svc, name, licence_delivery, actor=actor, vm_uuid=vm_uuid)
+        spec.fwcfg = delivery.fwcfg_for(svc, name, vm_uuid, made, started=start)
         xml = render(spec)
         leases.crash_point("allocated")
         virt.define(xml)
@@ -113,6 +120,10 @@ def _undo_vm(svc: Context, virt, name: str, made: list[dict[str, Any]], defined:
         with suppress():
             alloc.release(svc, a.get("uuid") or a["pci_address"], actor=actor)
             undone.append(f"released {a.get('uuid') or a.get('pci_address')}")
+    with suppress():
+        from vgpumgr.ops import licence_delivery
+
+        licence_delivery.forget_vm(svc, name, None)
     with svc.tx() as s:
         h = svc.host_id(s)
         vm_row = store.get_vm(s, h, name)
@@ -142,7 +153,11 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
     was_running = exists and virt.state(name) in ("running", "paused")
     if was_running:
         virt.stop(name)
+    dom_uuid = None
     if exists:
+        from vgpumgr.domain import parse_xml
+
+        dom_uuid = parse_xml(virt.xml(name, inactive=True)).findtext("uuid")
         virt.undefine(name)
         leases.crash_point("undefined")
     released = []
@@ -160,11 +175,18 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
         if was_running:
             svc.event(s, audit.VM_STOP, actor=actor, vm=name)
         svc.event(s, audit.VM_UNDEFINE, actor=actor, vm=name, detail={"released": released})
+    from vgpumgr.ops import licence_delivery
+
+    licence_delivery.forget_vm(svc, name, dom_uuid)
     return {"name": name, "state": "deleted", "released": released}
 
 def start_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str, Any]:
+    from vgpumgr.ops import licence_delivery
+
     name = ids.vm_name(name)
     _ensure_devices(svc, name, actor)
+    if svc.virt().exists(name):  # what the libvirt prepare hook does, for hosts without it
+        licence_delivery.prepare_start(svc, name, svc.virt().xml(name, inactive=True))
     return _power(svc, name, audit.VM_START, "running", lambda v: v.start(name), actor)
 
 def stop_vm(svc: Context, name: str, *, actor: str | None = None, force: bool = True) -> dict[str, Any]:

@@ -89,7 +89,8 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
         elif not args.ref:
             raise InvalidInput(f"`sim guest {args.action}` needs the vGPU", hint="give its mdev UUID or VF address")
         elif args.action == "start":
-            res = guests.start(root, args.ref, **_vm_of(cfg, args))
+            vm = _vm_of(cfg, args)
+            res = guests.start(root, args.ref, **vm, guest_dir=_boot_guest(cfg, args, vm))
         elif args.action == "stop":
             res = guests.stop(root, args.ref)
         elif args.action == "load":
@@ -120,6 +121,29 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(f"guest {args.action}: {args.ref}\n")
     return 0
+
+
+def _boot_guest(cfg: Config, args: argparse.Namespace, vm: dict[str, str | None]) -> object:
+    """The VM's simulated guest OS (--os, --licensing): a Linux guest reads the fw_cfg items its domain names
+    and runs the guest helper. None when neither option is given (NVML's licence is then set by hand)."""
+    if args.os is None and args.licensing is None:
+        return None
+    from pathlib import Path
+
+    from vgpumgr.domain import fwcfg_entries
+    from vgpumgr.service import Service
+    from vgpumgr.sim import guest_agent, guest_licence
+
+    os_id = {"linux": "debian", "windows": "mswindows"}[args.os or "linux"]
+    d = guest_agent.define(cfg.state_dir / "libvirt-test", vm["vm_uuid"], os_id=os_id,
+                           licensing=args.licensing or "token", agent=not args.no_agent)
+    if os_id != "mswindows":  # Windows has no user-space reader of fw_cfg blobs
+        items = []
+        for name, path in fwcfg_entries(Service(cfg).vm_xml(vm["vm_name"])):
+            if path:
+                items.append((name, Path(path).read_bytes()))
+        guest_licence.boot(d, items)
+    return d
 
 
 def _vm_of(cfg: object, args: argparse.Namespace) -> dict[str, str | None]:

@@ -74,8 +74,10 @@ def start_many(root: str | Path, guests: list[tuple[str, str, str | None]]) -> i
 
 
 def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = None,
-          guest_driver: str | None = None, guest_vgpu_version: int | None = None) -> dict[str, Any]:
-    """A VM opens the vGPU `ref` (mdev UUID or VF address): it becomes an active vGPU instance."""
+          guest_driver: str | None = None, guest_vgpu_version: int | None = None,
+          guest_dir: str | Path | None = None) -> dict[str, Any]:
+    """A VM opens the vGPU `ref` (mdev UUID or VF address): it becomes an active vGPU instance. `guest_dir`:
+    its simulated guest OS (vgpumgr.sim.guest_agent), whose licensing vgpumgr.sim.guest_licence models."""
     root = Path(root)
     vm_uuid = ids.mdev_uuid(vm_uuid)  # a domain UUID has the same form
     gpu_address, type_dir, mdev_uuid, vf = _device(root, ref)
@@ -95,6 +97,8 @@ def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = Non
                 "gi_id": _free_gpu_instance(gpu, actives, spec_type.gi_profile_id), "guest_driver": guest_driver,
                 # the version the guest's driver negotiates: the newest this host's vGPU manager offers
                 "guest_vgpu_version": guest_vgpu_version or nvml._range()[1], "started": time.time()}
+        if guest_dir is not None:
+            inst["guest_dir"] = str(guest_dir)
         state["next_vgpu_instance"] = inst["id"] + 1
         actives.append(inst)
     return dict(inst, gpu=gpu_address)

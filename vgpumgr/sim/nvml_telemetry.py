@@ -90,7 +90,9 @@ class VgpuTelemetry:
         return int(inst.get("frame_rate_limit", 60))
 
     def nvmlVgpuInstanceGetLicenseInfo_v2(self, vgpu_instance: int) -> Any:  # noqa: N802
-        lic = self._instance(vgpu_instance, "nvmlVgpuInstanceGetLicenseInfo_v2")[1].get("licence") or {}
+        from vgpumgr.sim.guest_licence import licence_of
+
+        lic = licence_of(self._instance(vgpu_instance, "nvmlVgpuInstanceGetLicenseInfo_v2")[1])
         info = pynvml.c_nvmlVgpuLicenseInfo_t()
         state = int(lic.get("state", pynvml.NVML_GRID_LICENSE_STATE_UNINITIALIZED))
         info.currentState = state

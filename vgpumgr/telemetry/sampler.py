@@ -44,6 +44,9 @@ class Sampler:
     def sample(self) -> dict[str, Any]:
         with self._lock:  # one reader, one pass at a time
             snap = snapshot.take(self.svc, self.reader)
+            from vgpumgr.ops import licence_delivery
+
+            licence_delivery.note_licensed(self.svc, snap)
             for notice in snap["notices"] + [a["reason"] for a in snap["absent"]]:
                 if notice not in self.notices_said:  # absent data is said once, not on every pass
                     self.notices_said.add(notice)
