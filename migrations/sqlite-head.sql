@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0008_fleet_rows: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0011_scheduler: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -262,5 +262,21 @@ CREATE TABLE fleet_capacity (
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
 CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
-INSERT INTO "alembic_version" VALUES('0008_fleet_rows');
+CREATE TABLE gpu_scheduler_intents (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	address VARCHAR(16) NOT NULL, 
+	policy VARCHAR(16) NOT NULL, 
+	timeslice_ms INTEGER, 
+	frequency_hz INTEGER, 
+	avg_factor INTEGER, 
+	applied_at DATETIME, 
+	pending_reason VARCHAR(512), 
+	updated_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_gpu_scheduler_intents_host_address UNIQUE (host_id, address), 
+	CONSTRAINT ck_gpu_scheduler_intents_policy CHECK (policy IN ('best-effort', 'equal-share', 'fixed-share')), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+INSERT INTO "alembic_version" VALUES('0011_scheduler');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');

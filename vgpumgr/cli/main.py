@@ -36,7 +36,8 @@ def _common() -> argparse.ArgumentParser:
 EXTRA_MODULES = {
     "vgpumgr.cli.records": ("place", "vgpu", "release", "placements", "license", "licence", "reconcile", "db"),
     "vgpumgr.cli.audit": ("audit",),
-    "vgpumgr.cli.mig": ("mig", "scheduler"),
+    "vgpumgr.cli.mig": ("mig",),
+    "vgpumgr.cli.scheduler": ("scheduler",),
     "vgpumgr.cli.vm": ("vm",),
     "vgpumgr.cli.service": ("serve", "token", "install-units"),
     "vgpumgr.cli.restore": ("restore", "profile"),

@@ -28,7 +28,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATIONS_DIR = data_dir("migrations")
 # The newest migration. Stamped here so that a start can compare it with the database's revision
 # without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
-SCHEMA_REVISION = "0008_fleet_rows"
+SCHEMA_REVISION = "0011_scheduler"
 
 PING_AFTER_IDLE_S = 1.0  # a pooled server connection idle longer than this is checked before use
 READ_ONLY = "vgpumgr_read_only"  # execution option: a transaction that only reads

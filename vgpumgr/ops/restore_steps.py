@@ -41,6 +41,7 @@ class Want:
     vf_types: dict[str, tuple[str, str]] = field(default_factory=dict)  # VF -> (type, "records"|"profile")
     mdevs: list[dict[str, Any]] = field(default_factory=list)  # allocation dicts
     owned_vfs: list[str] = field(default_factory=list)  # VFs whose type another manager (Proxmox) writes
+    scheduler: dict[str, Any] | None = None  # the recorded vGPU scheduler (vgpumgr.ops.scheduler.intents)
 
 
 
@@ -93,8 +94,16 @@ class GpuRun:
             self.mig_mode()
             if self.w.gis:
                 self.gpu_instances()
+        if self.w.scheduler:
+            self.scheduler()
         self.vf_types()
         self.mdevs()
+
+    # -- the vGPU scheduler (before the first vGPU: NVML refuses a change while one exists) -----------
+    def scheduler(self) -> None:
+        from vgpumgr.ops import scheduler as scheduler_ops
+
+        scheduler_ops.restore_step(self, self.w.gpu, self.w.scheduler or {})
 
     # -- 1. VFs ------------------------------------------------------------------------------------
     def vfs(self) -> None:

@@ -14,9 +14,11 @@ from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import leases
 from vgpumgr.ops import mig as mig_ops
+from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, Context, suppress
 from vgpumgr.ops.records import hostdev_for, is_nvidia, metadata_for
 from vgpumgr.placement import Policy
+from vgpumgr.sim import guest_link
 
 
 def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passthrough: list[str] | None = None,
@@ -70,6 +72,7 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
         if start:
             virt.start(name)
             started = True
+            guest_link.started(svc.host, name, xml)
         with svc.tx() as s:
             store.upsert_vm(s, svc.host_id(s), name, uuid=vm_uuid, state="running" if started else "defined")
             leases.release_hold(svc, s, [a["id"] for a in made])
@@ -87,6 +90,7 @@ def _undo_vm(svc: Context, virt, name: str, made: list[dict[str, Any]], defined:
     undone = []
     if started:
         with suppress():
+            guest_link.stopped(svc.host, virt.xml(name))
             virt.stop(name)
             undone.append("stopped")
     if defined:
@@ -125,6 +129,7 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
             leases.take(svc, [a["id"] for a in alloc.allocations(svc, vm=name, live=True)])
     was_running = exists and virt.state(name) in ("running", "paused")
     if was_running:
+        guest_link.stopped(svc.host, virt.xml(name))
         virt.stop(name)
     if exists:
         virt.undefine(name)
@@ -144,16 +149,28 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
         if was_running:
             svc.event(s, audit.VM_STOP, actor=actor, vm=name)
         svc.event(s, audit.VM_UNDEFINE, actor=actor, vm=name, detail={"released": released})
+    if was_running or released:
+        scheduler_ops.apply_pending(svc.cfg, actor=actor)  # a GPU it emptied takes its recorded scheduler now
     return {"name": name, "state": "deleted", "released": released}
 
 def start_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str, Any]:
     name = ids.vm_name(name)
     _ensure_devices(svc, name, actor)
-    return _power(svc, name, audit.VM_START, "running", lambda v: v.start(name), actor)
+    def start(v: Any) -> None:
+        v.start(name)
+        guest_link.started(svc.host, name, v.xml(name))
+
+    return _power(svc, name, audit.VM_START, "running", start, actor)
 
 def stop_vm(svc: Context, name: str, *, actor: str | None = None, force: bool = True) -> dict[str, Any]:
     name = ids.vm_name(name)
-    return _power(svc, name, audit.VM_STOP, "shut off", lambda v: v.stop(name, force=force), actor)
+    def stop(v: Any) -> None:
+        guest_link.stopped(svc.host, v.xml(name))
+        v.stop(name, force=force)
+
+    res = _power(svc, name, audit.VM_STOP, "shut off", stop, actor)
+    scheduler_ops.apply_pending(svc.cfg, actor=actor)  # a GPU it emptied takes its recorded scheduler now
+    return res
 
 def _power(svc: Context, name: str, action: str, state: str, op: Any, actor: str | None) -> dict[str, Any]:
     try:

@@ -86,8 +86,11 @@ def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = Non
         if gpu is None:
             raise ValueError(f"GPU {gpu_address} has no simulated NVML")
         actives = gpu.setdefault("vgpu_instances", [])
-        if any((mdev_uuid and i["mdev_uuid"] == mdev_uuid) or (vf and not mdev_uuid and i["vf"] == vf)
-               for i in actives):
+        same = [i for i in actives
+                if (mdev_uuid and i["mdev_uuid"] == mdev_uuid) or (vf and not mdev_uuid and i["vf"] == vf)]
+        if same and same[0]["vm_uuid"] == vm_uuid:
+            return dict(same[0], gpu=gpu_address)  # this VM's guest runs there already (started with its VM)
+        if same:
             raise ValueError(f"a guest already runs on {ref}")
         spec_type = nvml._type(type_id)
         inst = {"id": state.get("next_vgpu_instance", 1), "uuid": str(uuidlib.uuid4()), "vm_uuid": vm_uuid,
