@@ -287,6 +287,24 @@ def drift(cfg: Config, layer: Any) -> list[dict[str, Any]]:
     return out
 
 
+def drift_report(cfg: Config, *, fix: bool = False, actor: str | None = None) -> list[dict[str, Any]]:
+    """`reconcile`'s part: recorded schedulers the driver does not carry out ([] without NVML or intents);
+    with `fix`, those on an empty GPU are applied first."""
+    from vgpumgr.nvml_facts import nvml_layer
+
+    try:
+        if not intents(cfg):
+            return []
+        if fix:
+            apply_pending(cfg, actor=actor)
+        layer = nvml_layer(cfg)
+        if layer is None or not layer.open():
+            return []
+        return drift(cfg, layer)
+    except VgpuError as e:
+        return [{"gpu": None, "why": f"the vGPU scheduler could not be compared: {e.message}"}]
+
+
 def persist(cfg: Config, path: str | None = None) -> dict[str, Any]:
     """Write RmPVMRL for every GPU with a recorded equal- or fixed-share intent into a modprobe options file."""
     from vgpumgr.ops.manual import audited
