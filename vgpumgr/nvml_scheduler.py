@@ -156,14 +156,14 @@ def apply(layer: NvmlLayer, address: str, policy: str, *, timeslice_ms: int | No
     address = ids.pci_address(address)
     with layer._errors(f"setting the vGPU scheduler of {address}"):
         handle = layer._handle(address)
-        use_v2 = (api == "v2") if api else _v2_answers(n, handle)
+        # _v2 has no time slice (ARR is always on, its slice 1/frequency): a time slice takes the old call
+        use_v2 = (api == "v2") if api else (not timeslice_ms and _v2_answers(n, handle))
         if use_v2:
             st = n.c_nvmlVgpuSchedulerState_v2_t()
             st.engineId = 1
             st.schedulerPolicy = POLICY_CODES[policy]
             st.avgFactor = avg_factor or 0
-            # _v2 has no time slice: ARR is always on, and its slice is 1/frequency
-            st.frequency = frequency_hz or (round(1000 / timeslice_ms) if timeslice_ms else 0)
+            st.frequency = frequency_hz or 0
             n.nvmlDeviceSetVgpuSchedulerState_v2(handle, st)
         else:
             st = n.c_nvmlVgpuSchedulerSetState_t()
