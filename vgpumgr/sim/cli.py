@@ -89,7 +89,7 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
         elif not args.ref:
             raise InvalidInput(f"`sim guest {args.action}` needs the vGPU", hint="give its mdev UUID or VF address")
         elif args.action == "start":
-            res = guests.start(root, args.ref, **_vm_of(cfg, args))
+            res = guests.start(root, args.ref, **_vm_of(cfg, args), again=False)
         elif args.action == "stop":
             res = guests.stop(root, args.ref)
         elif args.action == "load":
