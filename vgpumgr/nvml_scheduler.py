@@ -1,5 +1,5 @@
 """The vGPU time-slice scheduler through NVML: capabilities, state per engine, the log, and the one write
-(docs/sources.md §20).
+(docs/sources.md §21).
 
 Two generations of calls: `nvmlDeviceGetVgpuSchedulerState/Log` and `nvmlDeviceSetVgpuSchedulerState` (NVML
 12.x, in every nvidia-ml-py the package allows; deprecated since NVML 13.0) and their `_v2` (per engine, ARR

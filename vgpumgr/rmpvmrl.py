@@ -1,4 +1,4 @@
-"""The `RmPVMRL` registry value: the vGPU scheduler the nvidia module sets up when it loads (docs/sources.md §20).
+"""The `RmPVMRL` registry value: the vGPU scheduler the nvidia module sets up when it loads (docs/sources.md §21).
 
 The only setting that survives a reboot or a driver reload (NVML's does not). Bit layout, from
 `nvrm_registry.h` in NVIDIA's open GPU kernel modules, with the values NVIDIA's vGPU user guide documents:

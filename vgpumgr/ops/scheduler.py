@@ -1,4 +1,4 @@
-"""The vGPU scheduler as recorded intent (docs/sources.md §20): what each GPU should have, applied through NVML
+"""The vGPU scheduler as recorded intent (docs/sources.md §21): what each GPU should have, applied through NVML
 when NVML allows it, brought back at boot, persisted as RmPVMRL, compared with what the driver has.
 
 NVML changes the scheduler only while no vGPU exists on the GPU and MIG is off, and forgets it at the next

@@ -1,5 +1,5 @@
 """The vGPU time-slice scheduler of each simulated GPU: capabilities, state and log, the old calls and the `_v2`
-ones (docs/sources.md §20).
+ones (docs/sources.md §21).
 
 State, per GPU in the NVML state file: `"scheduler": {"policy", "arr", "timeslice_ns", "avg_factor",
 "frequency"}` (policy 1 best effort, 2 equal share, 3 fixed share). A simulated reboot puts it back to best

@@ -1,5 +1,5 @@
 """Each vGPU's share of GPU time, from the vGPU scheduler's log, next to the share its policy promises
-(docs/sources.md §20).
+(docs/sources.md §21).
 
 The driver keeps the last 200 time slices per GPU (`nvmlDeviceGetVgpuSchedulerLog`; "call at least 5 times a
 second" to see them all). Each read's new entries (newer than the newest seen) make one piece of the GPU's
