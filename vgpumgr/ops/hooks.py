@@ -22,7 +22,6 @@ from vgpumgr.ops import stale as stale_ops
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX, Owner
 from vgpumgr.ops.context import Context
 from vgpumgr.placement import Policy
-from vgpumgr.sim import guest_link
 
 
 def _live(svc: Context, uuid: str) -> dict[str, Any] | None:
@@ -182,7 +181,7 @@ def libvirt_prepare(svc: Context, domain: str, xml: str, *, actor: str | None = 
         {"ready": ready, "created": created, "restored": restored}.get(outcome or "", []).append(address)
     arrived = incoming_ops.arrived(svc, domain, actor=actor)  # a migrating domain's vGPUs become active here
     stale_ops.note_domain(svc, domain, xml)  # libvirt has it: once it is gone, its records can be judged stale
-    guest_link.started(svc.host, domain, xml)  # a simulated host: QEMU opens the vGPUs next
+    svc.host.kernel.vm_started(domain, xml)  # a simulated host: QEMU opens the vGPUs next
     return {"vm": domain, "ready": ready, "created": created, "restored": restored, "arrived": arrived}
 
 
@@ -196,7 +195,7 @@ def libvirt_release(svc: Context, domain: str, xml: str, *, grace: float = 0.0,
                     actor: str | None = None) -> dict[str, Any]:
     """After a domain stopped: release the vGPUs vgpumgr recorded for it among the devices it names."""
     uuids, vfs, _ = _domain_devices(xml)
-    guest_link.stopped(svc.host, xml)  # a simulated host: QEMU has let the vGPUs go
+    svc.host.kernel.vm_stopping(xml)  # a simulated host: QEMU has let the vGPUs go
     # libvirtd is waiting for this hook: asking it which domains hold the device would deadlock
     res = release_vm(svc, domain, uuids + vfs, grace=grace, actor=actor, check_libvirt=False)
     scheduler_ops.apply_pending(svc.cfg, actor=actor)  # a GPU it emptied takes its recorded scheduler now

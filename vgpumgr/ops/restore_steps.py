@@ -103,7 +103,14 @@ class GpuRun:
     def scheduler(self) -> None:
         from vgpumgr.ops import scheduler as scheduler_ops
 
-        scheduler_ops.restore_step(self, self.w.gpu, self.w.scheduler or {})
+        gpu, intent = self.w.gpu, self.w.scheduler or {}
+        plan = scheduler_ops.restore_plan(self.layer, gpu, intent)
+        status = {"ok": OK_, "pending": PENDING, "failed": FAILED_}.get(plan["action"])
+        if status:
+            self.step("scheduler", gpu, status, plan["message"], hint=plan.get("hint"), policy=intent.get("policy"))
+        elif self.change("scheduler", gpu, plan["message"], plan["apply"], policy=intent.get("policy")) \
+                and not self.dry_run:
+            scheduler_ops.mark_applied(self.svc.cfg, gpu)
 
     # -- 1. VFs ------------------------------------------------------------------------------------
     def vfs(self) -> None:

@@ -221,31 +221,29 @@ def apply_pending(cfg: Config, gpus: list[str] | None = None, *, actor: str | No
     return done
 
 
-def restore_step(run: Any, gpu: str, intent: dict[str, Any]) -> None:
-    """`restore`'s scheduler step on one GPU (run: restore_steps.GpuRun): before the first vGPU is made."""
-    from vgpumgr.ops.restore_steps import FAILED_, OK_, PENDING
-
-    if run.layer is None:
-        run.step("scheduler", gpu, FAILED_, "NVML is not available, so the vGPU scheduler cannot be restored",
-                 hint="install the NVIDIA driver's NVML and nvidia-ml-py")
-        return
+def restore_plan(layer: Any, gpu: str, intent: dict[str, Any]) -> dict[str, Any]:
+    """What `restore` does with a GPU's recorded scheduler: {"action": "ok" | "pending" | "apply" | "failed",
+    "message", "hint", "apply": callable}."""
     name = intent["policy"] + "".join(f", {k} {intent[k]}" for k in ("timeslice_ms", "frequency_hz", "avg_factor")
                                       if intent.get(k))
+    if layer is None:
+        return {"action": "failed", "message": "NVML is not available, so the vGPU scheduler cannot be restored",
+                "hint": "install the NVIDIA driver's NVML and nvidia-ml-py"}
     try:
-        state = nvml_scheduler.read(run.layer, gpu)
+        state = nvml_scheduler.read(layer, gpu)
     except VgpuError as e:
-        run.step("scheduler", gpu, FAILED_, f"reading the vGPU scheduler: {e.message}", hint=e.hint)
-        return
+        return {"action": "failed", "message": f"reading the vGPU scheduler: {e.message}", "hint": e.hint}
     if matches(intent, (state.get("engines") or {}).get("graphics")):
-        run.step("scheduler", gpu, OK_, f"vGPU scheduler {name} in effect", policy=intent["policy"])
-        return
+        return {"action": "ok", "message": f"vGPU scheduler {name} in effect"}
     if state.get("active_vgpus"):
-        run.step("scheduler", gpu, PENDING, f"vGPU scheduler {name}: {state['active_vgpus']} vGPU(s) run on the GPU",
-                 hint="it is applied when the GPU's last vGPU stops", policy=intent["policy"])
-        return
-    if run.change("scheduler", gpu, f"set the vGPU scheduler to {name}",
-                  lambda: _apply(run.layer, gpu, _setting_of(intent)), policy=intent["policy"]) and not run.dry_run:
-        _mark(run.svc.cfg, gpu, applied=True, reason=None)
+        return {"action": "pending", "message": f"vGPU scheduler {name}: {state['active_vgpus']} vGPU(s) run on "
+                "the GPU", "hint": "it is applied when the GPU's last vGPU stops"}
+    return {"action": "apply", "message": f"set the vGPU scheduler to {name}",
+            "apply": lambda: _apply(layer, gpu, _setting_of(intent))}
+
+
+def mark_applied(cfg: Config, gpu: str) -> None:
+    _mark(cfg, gpu, applied=True, reason=None)
 
 
 def show(cfg: Config, gpu: str | None = None) -> list[dict[str, Any]]:

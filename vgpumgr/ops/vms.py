@@ -18,7 +18,6 @@ from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, Context, suppress
 from vgpumgr.ops.records import hostdev_for, is_nvidia, metadata_for
 from vgpumgr.placement import Policy
-from vgpumgr.sim import guest_link
 
 
 def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passthrough: list[str] | None = None,
@@ -72,7 +71,7 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
         if start:
             virt.start(name)
             started = True
-            guest_link.started(svc.host, name, xml)
+            svc.host.kernel.vm_started(name, xml)
         with svc.tx() as s:
             store.upsert_vm(s, svc.host_id(s), name, uuid=vm_uuid, state="running" if started else "defined")
             leases.release_hold(svc, s, [a["id"] for a in made])
@@ -90,7 +89,7 @@ def _undo_vm(svc: Context, virt, name: str, made: list[dict[str, Any]], defined:
     undone = []
     if started:
         with suppress():
-            guest_link.stopped(svc.host, virt.xml(name))
+            svc.host.kernel.vm_stopping(virt.xml(name))
             virt.stop(name)
             undone.append("stopped")
     if defined:
@@ -129,7 +128,7 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
             leases.take(svc, [a["id"] for a in alloc.allocations(svc, vm=name, live=True)])
     was_running = exists and virt.state(name) in ("running", "paused")
     if was_running:
-        guest_link.stopped(svc.host, virt.xml(name))
+        svc.host.kernel.vm_stopping(virt.xml(name))
         virt.stop(name)
     if exists:
         virt.undefine(name)
@@ -158,14 +157,14 @@ def start_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str, 
     _ensure_devices(svc, name, actor)
     def start(v: Any) -> None:
         v.start(name)
-        guest_link.started(svc.host, name, v.xml(name))
+        svc.host.kernel.vm_started(name, v.xml(name))
 
     return _power(svc, name, audit.VM_START, "running", start, actor)
 
 def stop_vm(svc: Context, name: str, *, actor: str | None = None, force: bool = True) -> dict[str, Any]:
     name = ids.vm_name(name)
     def stop(v: Any) -> None:
-        guest_link.stopped(svc.host, v.xml(name))
+        svc.host.kernel.vm_stopping(v.xml(name))
         v.stop(name, force=force)
 
     res = _power(svc, name, audit.VM_STOP, "shut off", stop, actor)
