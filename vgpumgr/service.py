@@ -71,6 +71,7 @@ class Service(Context):
     drain_host = drain_ops.drain
     telemetry = telemetry_ops.telemetry
     licence_check = telemetry_ops.licence_check
+    scheduler_check = telemetry_ops.scheduler_check
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
@@ -125,33 +124,22 @@ def persist(args: argparse.Namespace, out: TextIO) -> int:
 def check(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.cli.vm import service
     from vgpumgr.errors import InvalidInput
-    from vgpumgr.ops.telemetry import _reader
-    from vgpumgr.telemetry.sched_share import shortfalls
 
-    if not 0 <= args.tolerance < 1 or args.seconds < 0 or args.seconds > 300:
+    if not 0 <= args.tolerance < 1 or not 0 <= args.seconds <= 300:
         raise InvalidInput("--tolerance must be 0..1 (exclusive) and --seconds 0..300", hint="e.g. --tolerance 0.2")
-    svc = service(args)
-    svc.telemetry()  # the first read: which GPUs run vGPUs
-    reader = _reader(svc)
-    end = time.monotonic() + args.seconds
-    while time.monotonic() < end:
-        time.sleep(0.2)
-        reader.poll_logs()
-    snap = svc.telemetry()
-    found = shortfalls(snap, args.tolerance)
+    res = service(args).scheduler_check(args.seconds, args.tolerance)
     if args.json:
-        dump_json(out, {"taken": snap["taken"], "findings": found, "vgpus": [
-            {"vm": r["vm"] or r["vm_uuid"], "gpu": r["gpu"], "vgpu": r["vgpu"], **(r.get("scheduler") or {})}
-            for r in snap["vgpus"]]})
+        dump_json(out, res)
     else:
-        rows = [[r["vm"] or r["vm_uuid"] or "?", r["gpu"], (r.get("scheduler") or {}).get("policy"),
-                 _pct((r.get("scheduler") or {}).get("share")), _pct((r.get("scheduler") or {}).get("expected")),
-                 "yes" if (r.get("scheduler") or {}).get("busy") else "no"] for r in snap["vgpus"]]
+        rows = [[r["vm"] or "?", r["gpu"], r.get("policy"), _pct(r.get("share")), _pct(r.get("expected")),
+                 "yes" if r.get("busy") else "no"] for r in res["vgpus"]]
         table(out, ["VM", "GPU", "POLICY", "SHARE%", "PROMISED%", "BUSY"], rows,
               empty="no running vGPU (NVML lists none)")
-        for f in found:
+        for f in res["findings"]:
             out.write(f"LESS THAN PROMISED: {f['vm']} on {f['gpu']}: {f['evidence']}\n")
-    return 10 if found else 0
+        for a in res["absent"]:
+            out.write(f"{a['reason']} (not checked)\n")
+    return 10 if res["findings"] else 0
 
 
 def _pct(v: float | None) -> str:
