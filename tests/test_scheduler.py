@@ -411,3 +411,27 @@ def test_the_mixed_profiles_t4_has_a_simulated_nvml(sim: tuple[Path, tuple[str, 
     ok(*g, "vm", "create", "t", "--vgpu", "T4-4Q", "--start")
     assert [(i["gpu"], i["vm_name"]) for i in guests.running(root)] == [(T4, "t")]
     assert json.loads(ok(*g, "top", "--json"))["vgpus"][0]["type"] == "T4-4Q"
+
+
+def test_the_service_reads_the_log_often_enough_to_miss_nothing(sim: tuple[Path, tuple[str, ...]]) -> None:
+    """NVML keeps 200 slices: the service's sampler reads each GPU's log more than 5 times a second, so its
+    minute-long window grows from read to read without gaps."""
+    import time
+
+    from vgpumgr.telemetry.sampler import Sampler
+
+    root, g = sim
+    # 10 ms slices: the 200 entries span 2 s, so a loaded test machine cannot make the polls come too late
+    ok(*g, "scheduler", "set", L40S, "equal-share", "--timeslice", "10")
+    busy_vms(g, root)
+    svc = Service(Config.resolve(sysfs_root=str(root), state_dir=g[3], connect="test:///default"))
+    sampler = Sampler(svc, interval=30)
+    sampler.sample()  # the first pass finds the GPU's running vGPUs
+    sampler.start()
+    try:
+        time.sleep(1.6)
+    finally:
+        sampler.stop()
+    seen = sampler.reader.shares.shares(L40S)
+    assert seen is not None and seen["lost_reads"] == 0 and seen["window_s"] >= 1.2
+    assert all(v["share"] == pytest.approx(1 / 3, abs=0.02) for v in seen["runlists"].values())

@@ -51,13 +51,14 @@ def scheduler_check(svc: Context, seconds: float = 1.0, tolerance: float = 0.2) 
     NVML asks), against its policy's promise: the busy VMs that got less than promised x (1 - tolerance)."""
     import time
 
+    from vgpumgr.telemetry.sampler import LOG_POLL_S
     from vgpumgr.telemetry.sched_share import shortfalls
 
     telemetry(svc)  # the first read: which GPUs run vGPUs
     reader = _reader(svc)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        time.sleep(0.2)
+        time.sleep(LOG_POLL_S)
         reader.poll_logs()
     snap = telemetry(svc)
     return {"taken": snap["taken"], "findings": shortfalls(snap, tolerance), "absent": snap["absent"],
