@@ -48,7 +48,7 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - a copied pynvml.py has no metadata
             report["nvidia_ml_py"] = getattr(n, "__version__", None)
         report["gpus"] = {}
-        for address in sorted(layer.addresses()):
+        for address in sorted(layer.addresses() if layer.available else ()):
             h = layer._handle(address)
             raw = {fn: answer(n, fn, h) for fn in (
                 "nvmlDeviceGetVgpuSchedulerCapabilities", "nvmlDeviceGetVgpuSchedulerState",
