@@ -107,6 +107,10 @@ _VGPU_METRICS = (  # name, help, how to read it from a snapshot row
     ("vgpumgr_vgpu_frame_rate_limit_fps", "frame rate limit of the vGPU", lambda r: r["frame_rate_limit"]),
     ("vgpumgr_vgpu_licence_expiry_timestamp_seconds", "when the guest's licence expires",
      lambda r: r["licence"]["expiry"]),
+    ("vgpumgr_vgpu_scheduler_share_ratio", "share of the GPU's time the vGPU scheduler gave the vGPU (its log, "
+     "the last minute)", lambda r: (r.get("scheduler") or {}).get("share")),
+    ("vgpumgr_vgpu_scheduler_expected_share_ratio", "share the scheduler's policy promises the vGPU (equal: 1/n "
+     "running, fixed: by type; none for best effort)", lambda r: (r.get("scheduler") or {}).get("expected")),
 )
 
 

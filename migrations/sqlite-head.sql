@@ -268,6 +268,22 @@ CREATE TABLE vgpumgr_schema (
 	changed_by VARCHAR(255), 
 	PRIMARY KEY (id)
 );
+CREATE TABLE gpu_scheduler_intents (
+	id INTEGER NOT NULL, 
+	host_id INTEGER NOT NULL, 
+	address VARCHAR(16) NOT NULL, 
+	policy VARCHAR(16) NOT NULL, 
+	timeslice_ms INTEGER, 
+	frequency_hz INTEGER, 
+	avg_factor INTEGER, 
+	applied_at DATETIME, 
+	pending_reason VARCHAR(512), 
+	updated_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_gpu_scheduler_intents_host_address UNIQUE (host_id, address), 
+	CONSTRAINT ck_gpu_scheduler_intents_policy CHECK (policy IN ('best-effort', 'equal-share', 'fixed-share')), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
 CREATE TABLE licence_deliveries (
 	id INTEGER NOT NULL, 
 	host_id INTEGER NOT NULL, 

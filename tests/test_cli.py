@@ -214,10 +214,13 @@ def test_mig_and_scheduler_commands(tmp_path: Path) -> None:
     assert run("--sysfs-root", root, "mig", "destroy", "0000:19:00.0", str(gi["id"]))[0] == 0
     assert json.loads(run("--sysfs-root", root, "types", "--parent", "0000:19:00.4", "--json")[1]) == []
     rc, out, err = run("--sysfs-root", root, "scheduler", "set", "0000:19:00.0", "equal-share")
+    assert rc == 4 and "MIG mode is on" in err  # NVML refuses a scheduler change while MIG is on
+    assert run("--sysfs-root", root, "mig", "mode", "0000:19:00.0", "off")[0] == 0
+    rc, out, err = run("--sysfs-root", root, "scheduler", "set", "0000:19:00.0", "equal-share")
     assert rc == 0, err
     assert json.loads(run("--sysfs-root", root, "scheduler", "show", "0000:19:00.0")[1])["policy"] == "equal-share"
     actions = [e["action"] for e in json.loads(run("--sysfs-root", root, "audit", "--json")[1])]
-    assert actions == ["mig.gi.create", "mig.gi.destroy", "vgpu.scheduler"]
+    assert actions == ["mig.gi.create", "mig.gi.destroy", "mig.mode", "vgpu.scheduler"]
 
 
 def test_nvml_commands_need_nvml(tmp_path: Path) -> None:

@@ -77,7 +77,9 @@ def test_scheduler_show_lists_every_gpu(tmp_path: Path) -> None:
     assert rc == 0, err
     every = json.loads(out)
     assert set(every) == nvml_gpus
-    first, second = sorted(nvml_gpus)
+    assert len(nvml_gpus) == 3  # the T4 has a simulated NVML too
+    t4, first, second = sorted(nvml_gpus)  # T4, L40S (MIG-less), A100 (MIG on: NVML refuses a scheduler change)
+    first, second = second, first
     assert run("--sysfs-root", root, "scheduler", "set", second, "equal-share")[0] == 0
     rc, out, err = run("--sysfs-root", root, "scheduler", "show")
     assert rc == 0, err
@@ -85,7 +87,7 @@ def test_scheduler_show_lists_every_gpu(tmp_path: Path) -> None:
     assert lines[0].split()[:3] == ["GPU", "NAME", "POLICY"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == nvml_gpus
-    assert " best-effort " in rows[first] and " equal-share " in rows[second]
+    assert " best-effort " in rows[first] and " equal-share " in rows[second] and " best-effort " in rows[t4]
     one = json.loads(run("--sysfs-root", root, "scheduler", "show", second)[1])
     assert one == json.loads(run("--sysfs-root", root, "scheduler", "show", "--json")[1])[second]
     rc, _, err = run("--sysfs-root", root, "scheduler", "show", "not-a-bdf")

@@ -52,6 +52,12 @@ class Kernel:
         """What carries a domain to the host `uri` names; None: libvirt's own migration (a real host)."""
         return None
 
+    def vm_started(self, name: str, xml: str) -> None:
+        """A domain vgpumgr started: on a real host QEMU opens its vGPUs, nothing to do here."""
+
+    def vm_stopping(self, xml: str) -> None:
+        """A domain vgpumgr stops (or whose release came): on a real host QEMU lets its vGPUs go."""
+
 
 class Host:
     def __init__(self, root: str | os.PathLike[str] = "/", kernel: type[Kernel] | None = None) -> None:

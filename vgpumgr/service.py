@@ -82,6 +82,7 @@ class Service(Context):
     set_licence_delivery = delivery_ops.set_vm_mode
     set_pool_licence_delivery = delivery_ops.set_pool_mode
     deliver_licence_token = delivery_ops.deliver
+    scheduler_check = telemetry_ops.scheduler_check
     proxmox_check = hook_ops.proxmox_check
     proxmox_record = hook_ops.proxmox_record
 

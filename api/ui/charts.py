@@ -65,3 +65,30 @@ def chart(points: list[tuple[float, dict[str, int]]], now: float, span: float = 
 
 def latest(points: list[tuple[float, dict[str, int]]]) -> dict[str, Any]:
     return points[-1][1] if points else {}
+
+
+def share_chart(rows: list[dict[str, Any]], title: str = "") -> Markup:
+    """One GPU's vGPU scheduler at work: per VM a bar of the share of GPU time it got (from the scheduler's log)
+    and a mark at the share its policy promises (none for best effort)."""
+    bar_h, gap, label_w, iw = 14, 6, 150, W - 150 - 50
+    h = PAD_T * 2 + max(1, len(rows)) * (bar_h + gap) + 14
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart share-chart" viewBox="0 0 {W} {h}" width="{W}" '
+             f'height="{h}" role="img" aria-label="{escape(title)}">', f"<title>{escape(title)}</title>"]
+    for k, r in enumerate(rows):
+        sch = r.get("scheduler") or {}
+        y = PAD_T + k * (bar_h + gap)
+        share, want = sch.get("share") or 0.0, sch.get("expected")
+        parts.append(f'<text x="{label_w - 6}" y="{y + bar_h - 3}" font-size="10" text-anchor="end" '
+                     f'fill="#0f172a">{escape(r.get("vm") or r.get("vm_uuid") or "?")}</text>'
+                     f'<rect x="{label_w}" y="{y}" width="{iw}" height="{bar_h}" fill="#f8fafc" stroke="#cbd5e1"/>'
+                     f'<rect data-vm="{escape(r.get("vm") or "")}" data-share="{share:.4f}" x="{label_w}" y="{y}" '
+                     f'width="{iw * min(1.0, share):.1f}" height="{bar_h}" fill="{COLOURS["sm"]}"/>'
+                     f'<text x="{label_w + iw + 4}" y="{y + bar_h - 3}" font-size="10" fill="#0f172a">'
+                     f'{share * 100:.0f}%</text>')
+        if want is not None:
+            wx = label_w + iw * min(1.0, want)
+            parts.append(f'<line data-expected="{want:.4f}" x1="{wx:.1f}" x2="{wx:.1f}" y1="{y - 2}" '
+                         f'y2="{y + bar_h + 2}" stroke="#dc2626" stroke-width="2"/>')
+    parts.append(f'<text x="{label_w}" y="{h - 4}" font-size="10" fill="#475569">bar: share of GPU time got; '
+                 f'red mark: share promised</text></svg>')
+    return Markup("".join(parts))

@@ -222,7 +222,7 @@ def licences_page(request: Request, svc: Service = Depends(service), _: Token = 
 
 @router.get("/telemetry")
 def telemetry_page(request: Request, _: Token = Depends(reader)) -> Response:
-    from api.ui.charts import chart
+    from api.ui.charts import chart, share_chart
 
     sampler = request.app.state.sampler
     snap = sampler.latest()
@@ -235,9 +235,13 @@ def telemetry_page(request: Request, _: Token = Depends(reader)) -> Response:
             out.append({**s, "svg": chart(s["points"], now, sampler.history.span_s, title=title)})
         return out
 
+    shares = [{"gpu": g["gpu"], "scheduler": g["scheduler"],
+               "svg": share_chart([r for r in snap["vgpus"] if r["gpu"] == g["gpu"]],
+                                  title=f"{g['gpu']}: share of GPU time per VM ({g['scheduler']['policy']})")}
+              for g in snap["gpus"] if g.get("scheduler") and g["vgpus"]]
     return render(request, "telemetry.html", snap=snap, interval=f"{sampler.interval:g}",
                   taken=datetime.fromtimestamp(now).strftime("%H:%M:%S"), vgpu_series=drawn("vgpu"),
-                  gpu_series=drawn("gpu"))
+                  gpu_series=drawn("gpu"), shares=shares)
 
 
 def _when(name: str, text: str | None) -> datetime | None:

@@ -3,7 +3,7 @@ when it was delivered and with which token (fingerprint only; the token itself s
 when its guest first reported licensed; a pool's default delivery mode.
 
 Revision ID: 0012_licence_delivery
-Revises: 0010_mixed_size
+Revises: 0011_scheduler
 Create Date: 2026-11-26
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012_licence_delivery"
-down_revision = "0010_mixed_size"
+down_revision = "0011_scheduler"
 branch_labels = None
 depends_on = None
 phase = "expand"

@@ -1,4 +1,4 @@
-"""`vgpumgr mig` and `vgpumgr scheduler`: MIG GPU instances and the vGPU time-slice scheduler, through NVML."""
+"""`vgpumgr mig`: MIG GPU instances, through NVML (the vGPU scheduler is in vgpumgr.cli.scheduler)."""
 
 from __future__ import annotations
 
@@ -27,16 +27,6 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(mig, ("mig", "mode"), "vgpumgr.cli.mig:mig_mode", "enable or disable MIG mode (reports pending)")
     p.add_argument("gpu", metavar="BDF")
     p.add_argument("state", choices=("on", "off"))
-
-    sch = group("scheduler", "vGPU time-slice scheduler (through NVML)")
-    p = cmd(sch, ("scheduler", "show"), "vgpumgr.cli.mig:scheduler_show",
-            "scheduler state of a GPU (JSON), or of every GPU NVML knows")
-    p.add_argument("gpu", metavar="BDF", nargs="?", help="one GPU (default: all of them, as a table)")
-    p.add_argument("--json", action="store_true")
-    p = cmd(sch, ("scheduler", "set"), "vgpumgr.cli.mig:scheduler_set", "set a GPU's scheduler")
-    p.add_argument("gpu", metavar="BDF")
-    p.add_argument("policy", choices=("best-effort", "equal-share", "fixed-share"))
-    p.add_argument("--timeslice-ns", type=int)
 
 
 def _layer(args: argparse.Namespace):  # noqa: ANN202
@@ -103,35 +93,4 @@ def mig_mode(args: argparse.Namespace, out: TextIO) -> int:
     dump_json(out, res)
     if res.get("pending") != res.get("current"):
         sys.stderr.write("note: the change is pending until the GPU is reset\n")
-    return 0
-
-
-def scheduler_show(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids
-
-    layer = _layer(args)
-    if args.gpu:
-        dump_json(out, layer.scheduler(ids.pci_address(args.gpu)))
-        return 0
-    gpus = layer.gpus()
-    schedulers = {a: (g.get("vgpu") or {}).get("scheduler") for a, g in sorted(gpus.items())}
-    if args.json:
-        dump_json(out, schedulers)
-        return 0
-    rows = []
-    for a, sch in schedulers.items():
-        if sch is None:  # not a vGPU host driver, or a GPU without time-sliced vGPUs
-            rows.append([a, gpus[a].get("name"), None, None, None, None])
-            continue
-        rows.append([a, gpus[a].get("name"), sch["policy"], "on" if sch["arr"] else "off", sch["timeslice_ns"],
-                     ",".join(sch["supported_policies"] or []) or None])
-    table(out, ["GPU", "NAME", "POLICY", "ARR", "TIMESLICE_NS", "SUPPORTED"], rows, empty="no GPUs known to NVML")
-    return 0
-
-
-def scheduler_set(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.cli.devices import config
-    from vgpumgr.ops import manual
-
-    dump_json(out, manual.scheduler_set(config(args), args.gpu, args.policy, timeslice_ns=args.timeslice_ns))
     return 0

@@ -217,13 +217,19 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"devices nobody recorded: {len(r['unknown'])}\n")
         for u in r["unknown"]:
             out.write(f"  {u.get('uuid') or u.get('address')}  {u.get('type')} on {u.get('parent') or u.get('gpu')}\n")
+        out.write(f"vGPU schedulers not as recorded: {len(r.get('scheduler_drift') or [])}\n")
+        for d in r.get("scheduler_drift") or []:
+            want = (d.get("recorded") or {}).get("policy")
+            have = (d.get("actual") or {}).get("policy")
+            out.write(f"  {d['gpu']}  recorded {want}, driver {have or '-'}: {d['why']}\n")
         if args.fix:
             out.write(f"restored: {', '.join(r['restored']) or 'none'}; removed: {', '.join(r['removed']) or 'none'}\n")
         for e in r["errors"]:
             out.write(f"  error: {e}\n")
     if r["errors"]:
         return 1
-    return 0 if (args.fix or not (r["missing"] or r["unknown"] or r["dead_reservations"] or r["stale_records"])) else 10
+    differs = r["missing"] or r["unknown"] or r["dead_reservations"] or r["stale_records"] or r.get("scheduler_drift")
+    return 0 if (args.fix or not differs) else 10
 
 
 def _stale_line(out: TextIO, st: dict[str, Any]) -> None:

@@ -33,12 +33,19 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:.0f}"
 
 
+def _share(sch: dict[str, Any] | None) -> str:
+    """The scheduler's share of GPU time for the vGPU over the log's window, and what its policy promises."""
+    if not sch:
+        return "-"
+    return f"{_pct(sch.get('share'))}/{_pct(sch.get('expected')) if sch.get('expected') is not None else '-'}"
+
+
 def render(snap: dict[str, Any]) -> str:
     rows = [[r["vm"] or r["vm_uuid"] or "?", r["type"] or "?", r["gpu"], _pct(r["util"].get("sm")),
              _pct(r["util"].get("mem")), _pct(r["util"].get("enc")), _pct(r["util"].get("dec")),
              f"{_gib(r['fb_used_bytes'])}/{_gib(r['fb_total_bytes'])}", r["licence"]["state"],
-             r["seat"] or "-"] for r in snap["vgpus"]]
-    head = ["VM", "TYPE", "GPU", "SM%", "MEM%", "ENC%", "DEC%", "FB GiB", "GUEST LICENCE", "SEAT"]
+             r["seat"] or "-", _share(r.get("scheduler"))] for r in snap["vgpus"]]
+    head = ["VM", "TYPE", "GPU", "SM%", "MEM%", "ENC%", "DEC%", "FB GiB", "GUEST LICENCE", "SEAT", "SHARE%/PROMISED"]
     import io
 
     buf = io.StringIO()

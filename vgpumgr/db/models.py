@@ -383,6 +383,29 @@ class MigGpuInstance(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class GpuSchedulerIntent(Base):
+    """The vGPU scheduler a GPU should have (`vgpumgr scheduler set`). `applied_at` None: not applied yet, for
+    `pending_reason` (a vGPU exists on the GPU); `restore` and the GPU's next empty moment apply it."""
+
+    __tablename__ = "gpu_scheduler_intents"
+    __table_args__ = (
+        UniqueConstraint("host_id", "address", name="uq_gpu_scheduler_intents_host_address"),
+        CheckConstraint("policy IN ('best-effort', 'equal-share', 'fixed-share')",
+                        name="ck_gpu_scheduler_intents_policy"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    address: Mapped[str] = mapped_column(String(16))
+    policy: Mapped[str] = mapped_column(String(16))
+    timeslice_ms: Mapped[int | None] = mapped_column(Integer)
+    frequency_hz: Mapped[int | None] = mapped_column(Integer)
+    avg_factor: Mapped[int | None] = mapped_column(Integer)
+    applied_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    pending_reason: Mapped[str | None] = mapped_column(String(512))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
 class HostCordon(Base):
     """A cordoned host: the fleet places nothing new on it (`vgpumgr host cordon`). No row: not cordoned."""
 

@@ -17,6 +17,7 @@ from vgpumgr.model import BACKEND_NVIDIA_VF
 from vgpumgr.ops import adopt as adopt_ops
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import incoming as incoming_ops
+from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops import stale as stale_ops
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX, Owner
 from vgpumgr.ops.context import Context
@@ -186,6 +187,7 @@ def libvirt_prepare(svc: Context, domain: str, xml: str, *, actor: str | None = 
     from vgpumgr.ops import licence_delivery
 
     licence = licence_delivery.prepare_start(svc, domain, xml)  # the fw_cfg token copy QEMU is about to read
+    svc.host.kernel.vm_started(domain, xml)  # a simulated host: QEMU opens the vGPUs next
     return {"vm": domain, "ready": ready, "created": created, "restored": restored, "arrived": arrived,
             **({"licence": licence} if licence else {})}
 
@@ -200,8 +202,11 @@ def libvirt_release(svc: Context, domain: str, xml: str, *, grace: float = 0.0,
                     actor: str | None = None) -> dict[str, Any]:
     """After a domain stopped: release the vGPUs vgpumgr recorded for it among the devices it names."""
     uuids, vfs, _ = _domain_devices(xml)
+    svc.host.kernel.vm_stopping(xml)  # a simulated host: QEMU has let the vGPUs go
     # libvirtd is waiting for this hook: asking it which domains hold the device would deadlock
-    return release_vm(svc, domain, uuids + vfs, grace=grace, actor=actor, check_libvirt=False)
+    res = release_vm(svc, domain, uuids + vfs, grace=grace, actor=actor, check_libvirt=False)
+    scheduler_ops.apply_pending(svc.cfg, actor=actor)  # a GPU it emptied takes its recorded scheduler now
+    return res
 
 
 # -- Proxmox on NVIDIA's vendor-specific VFIO framework: Proxmox writes the type, vgpumgr keeps the books --

@@ -162,10 +162,3 @@ def mig_mode(cfg: Config, gpu: str, on: bool) -> dict[str, Any]:
     audited(cfg, "mig.mode", gpu=gpu, detail=res)
     _boot_record(cfg, "remember_mig_mode", gpu, on)
     return res
-
-
-def scheduler_set(cfg: Config, gpu: str, policy: str, timeslice_ns: int | None = None) -> dict[str, Any]:
-    gpu, layer = ids.pci_address(gpu), nvml(cfg)
-    res = layer.set_scheduler(gpu, policy, timeslice_ns=timeslice_ns)
-    audited(cfg, "vgpu.scheduler", gpu=gpu, detail=res)
-    return res

@@ -14,6 +14,7 @@ from vgpumgr.errors import VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import leases, stale
+from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
 
@@ -89,7 +90,8 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
                   "stale_records": stale_done if fix else [c.as_dict() for c in found_stale],
                   "stale_unchecked": unchecked,
                   "restored": restored, "removed": removed, "errors": errors, "fixed": fix}
-        differs = missing or unknown or dead or found_stale
+        report["scheduler_drift"] = scheduler_ops.drift_report(svc.cfg, fix=fix, actor=actor)
+        differs = missing or unknown or dead or found_stale or report["scheduler_drift"]
         with svc.tx() as s:
             svc.event(s, audit.RECONCILE, FAILED if errors else (WARNING if differs and not fix else OK), actor=actor,
                        detail={k: v for k, v in report.items() if k != "missing_detail"})

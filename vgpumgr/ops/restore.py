@@ -19,6 +19,7 @@ from vgpumgr.discovery.fs import read, read_int
 from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import boot_records
+from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 from vgpumgr.ops.restore_steps import BLOCKED, FAILED_, PENDING, GpuRun, Want
 
@@ -29,7 +30,7 @@ def restore(svc: Context, *, dry_run: bool = False, force: bool = False, profile
             actor: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
     with svc.locked():
         wants = desired(svc, profile)
-        layer = _nvml(svc) if any(w.mig or w.gis for w in wants.values()) else None
+        layer = _nvml(svc) if any(w.mig or w.gis or w.scheduler for w in wants.values()) else None
         reports = []
         for gpu in sorted(wants):
             run = GpuRun(svc, layer, wants[gpu], dry_run=dry_run, force=force, actor=actor)
@@ -84,6 +85,8 @@ def desired(svc: Context, profile: BootProfile | None) -> dict[str, Want]:
         w = want(gi.gpu)
         w.mig = True
         w.gis.append(gi)
+    for gpu, intent in scheduler_ops.intents(svc.cfg).items():  # the vGPU scheduler NVML forgot at the reboot
+        want(gpu).scheduler = intent
     for a in allocations(svc, live=True):
         if a.get("placement_id") is not None:
             want(a["gpu"] or a["parent"]).placements[a["uuid"] or a["pci_address"]] = a["placement_id"]

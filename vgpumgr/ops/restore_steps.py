@@ -44,6 +44,7 @@ class Want:
     vgpu_mode: str | None = None  # NVIDIA mixed/equal-size mode as `vgpumgr gpu mode` recorded it
     placements: dict[str, int] = field(default_factory=dict)  # VF or mdev UUID -> recorded placement ID
     vendor: dict[str, Any] = field(default_factory=dict)  # vendor mode steps (vendor_steps.py), by step
+    scheduler: dict[str, Any] | None = None  # the recorded vGPU scheduler (vgpumgr.ops.scheduler.intents)
 
 
 
@@ -108,9 +109,23 @@ class GpuRun:
                 self.gpu_instances()
         if self.w.vgpu_mode:  # after the VFs, before any vGPU type (vgpumgr.ops.restore_mixed)
             restore_mixed.vgpu_mode(self)
-        # (the vGPU scheduler's step goes here: after the mode, before the VF types)
+        if self.w.scheduler:  # after the mode (fixed share needs equal size), before the VF types
+            self.scheduler()
         self.vf_types()
         self.mdevs()
+
+    # -- the vGPU scheduler (before the first vGPU: NVML refuses a change while one exists) -----------
+    def scheduler(self) -> None:
+        from vgpumgr.ops import scheduler as scheduler_ops
+
+        gpu, intent = self.w.gpu, self.w.scheduler or {}
+        plan = scheduler_ops.restore_plan(self.layer, gpu, intent)
+        status = {"ok": OK_, "pending": PENDING, "failed": FAILED_}.get(plan["action"])
+        if status:
+            self.step("scheduler", gpu, status, plan["message"], hint=plan.get("hint"), policy=intent.get("policy"))
+        elif self.change("scheduler", gpu, plan["message"], plan["apply"], policy=intent.get("policy")) \
+                and not self.dry_run:
+            scheduler_ops.mark_applied(self.svc.cfg, gpu)
 
     # -- 1. VFs ------------------------------------------------------------------------------------
     def vfs(self) -> None:

@@ -47,3 +47,23 @@ def licence_check(svc: Context, snap: dict[str, Any] | None = None, *, audit: bo
     return {"taken": snap["taken"], "host": snap["host"], "findings": found,
             "newly_audited": [f["key"] for f in new], "checked_vgpus": len(snap["vgpus"]),
             "absent": snap["absent"], "notices": snap["notices"]}
+
+
+def scheduler_check(svc: Context, seconds: float = 1.0, tolerance: float = 0.2) -> dict[str, Any]:
+    """Each running VM's share of GPU time from the scheduler's log, read for `seconds` (5 reads a second, as
+    NVML asks), against its policy's promise: the busy VMs that got less than promised x (1 - tolerance)."""
+    import time
+
+    from vgpumgr.telemetry.sampler import LOG_POLL_S
+    from vgpumgr.telemetry.sched_share import shortfalls
+
+    telemetry(svc)  # the first read: which GPUs run vGPUs
+    reader = _reader(svc)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(LOG_POLL_S)
+        reader.poll_logs()
+    snap = telemetry(svc)
+    return {"taken": snap["taken"], "findings": shortfalls(snap, tolerance), "absent": snap["absent"],
+            "vgpus": [{"vm": r["vm"] or r["vm_uuid"], "gpu": r["gpu"], "vgpu": r["vgpu"], **(r.get("scheduler") or {})}
+                      for r in snap["vgpus"]]}

@@ -14,6 +14,7 @@ from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import leases
 from vgpumgr.ops import mig as mig_ops
+from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, Context, suppress
 from vgpumgr.ops.records import hostdev_for, is_nvidia, metadata_for
 from vgpumgr.placement import Policy
@@ -81,6 +82,7 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
         if start:
             virt.start(name)
             started = True
+            svc.host.kernel.vm_started(name, xml)
         with svc.tx() as s:
             store.upsert_vm(s, svc.host_id(s), name, uuid=vm_uuid, state="running" if started else "defined")
             leases.release_hold(svc, s, [a["id"] for a in made])
@@ -110,6 +112,7 @@ def _undo_vm(svc: Context, virt, name: str, made: list[dict[str, Any]], defined:
     undone = []
     if started:
         with suppress():
+            svc.host.kernel.vm_stopping(virt.xml(name))
             virt.stop(name)
             undone.append("stopped")
     if defined:
@@ -152,6 +155,7 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
             leases.take(svc, [a["id"] for a in alloc.allocations(svc, vm=name, live=True)])
     was_running = exists and virt.state(name) in ("running", "paused")
     if was_running:
+        svc.host.kernel.vm_stopping(virt.xml(name))
         virt.stop(name)
     dom_uuid = None
     if exists:
@@ -178,6 +182,8 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
     from vgpumgr.ops import licence_delivery
 
     licence_delivery.forget_vm(svc, name, dom_uuid)
+    if was_running or released:
+        scheduler_ops.apply_pending(svc.cfg, actor=actor)  # a GPU it emptied takes its recorded scheduler now
     return {"name": name, "state": "deleted", "released": released}
 
 def start_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str, Any]:
@@ -187,11 +193,22 @@ def start_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str, 
     _ensure_devices(svc, name, actor)
     if svc.virt().exists(name):  # what the libvirt prepare hook does, for hosts without it
         licence_delivery.prepare_start(svc, name, svc.virt().xml(name, inactive=True))
-    return _power(svc, name, audit.VM_START, "running", lambda v: v.start(name), actor)
+
+    def start(v: Any) -> None:
+        v.start(name)
+        svc.host.kernel.vm_started(name, v.xml(name))
+
+    return _power(svc, name, audit.VM_START, "running", start, actor)
 
 def stop_vm(svc: Context, name: str, *, actor: str | None = None, force: bool = True) -> dict[str, Any]:
     name = ids.vm_name(name)
-    return _power(svc, name, audit.VM_STOP, "shut off", lambda v: v.stop(name, force=force), actor)
+    def stop(v: Any) -> None:
+        svc.host.kernel.vm_stopping(v.xml(name))
+        v.stop(name, force=force)
+
+    res = _power(svc, name, audit.VM_STOP, "shut off", stop, actor)
+    scheduler_ops.apply_pending(svc.cfg, actor=actor)  # a GPU it emptied takes its recorded scheduler now
+    return res
 
 def _power(svc: Context, name: str, action: str, state: str, op: Any, actor: str | None) -> dict[str, Any]:
     try:

@@ -68,6 +68,8 @@ def reboot(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"  {gpu}: MIG mode is off again (Hopper and newer do not keep it across a reboot)\n")
     for gpu in lost["heterogeneous_off"]:
         out.write(f"  {gpu}: mixed-size vGPU mode is off again\n")
+    for gpu in lost.get("scheduler_reset", []):
+        out.write(f"  {gpu}: vGPU scheduler back to best effort (NVML's setting does not persist)\n")
     for dev, (before, after) in lost["drivers"].items():
         out.write(f"  {dev}: back on its default driver ({before or 'none'} -> {after or 'none'})\n")
     for dev, what in lost.get("vendor", {}).items():
@@ -90,7 +92,7 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
             raise InvalidInput(f"`sim guest {args.action}` needs the vGPU", hint="give its mdev UUID or VF address")
         elif args.action == "start":
             vm = _vm_of(cfg, args)
-            res = guests.start(root, args.ref, **vm, guest_dir=_boot_guest(cfg, args, vm))
+            res = guests.start(root, args.ref, **vm, guest_dir=_boot_guest(cfg, args, vm), again=False)
         elif args.action == "stop":
             res = guests.stop(root, args.ref)
         elif args.action == "load":

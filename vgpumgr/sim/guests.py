@@ -75,9 +75,11 @@ def start_many(root: str | Path, guests: list[tuple[str, str, str | None]]) -> i
 
 def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = None,
           guest_driver: str | None = None, guest_vgpu_version: int | None = None,
-          guest_dir: str | Path | None = None) -> dict[str, Any]:
+          guest_dir: str | Path | None = None, again: bool = True) -> dict[str, Any]:
     """A VM opens the vGPU `ref` (mdev UUID or VF address): it becomes an active vGPU instance. `guest_dir`:
-    its simulated guest OS (vgpumgr.sim.guest_agent), whose licensing vgpumgr.sim.guest_licence models."""
+    its simulated guest OS (vgpumgr.sim.guest_agent), whose licensing vgpumgr.sim.guest_licence models. The same
+    VM's guest already running there is returned as it is (`again`: a VM started through vgpumgr runs as its guest
+    already); with `again` False that is refused too."""
     root = Path(root)
     vm_uuid = ids.mdev_uuid(vm_uuid)  # a domain UUID has the same form
     gpu_address, type_dir, mdev_uuid, vf = _device(root, ref)
@@ -88,8 +90,11 @@ def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = Non
         if gpu is None:
             raise ValueError(f"GPU {gpu_address} has no simulated NVML")
         actives = gpu.setdefault("vgpu_instances", [])
-        if any((mdev_uuid and i["mdev_uuid"] == mdev_uuid) or (vf and not mdev_uuid and i["vf"] == vf)
-               for i in actives):
+        same = [i for i in actives
+                if (mdev_uuid and i["mdev_uuid"] == mdev_uuid) or (vf and not mdev_uuid and i["vf"] == vf)]
+        if same and same[0]["vm_uuid"] == vm_uuid and again:
+            return dict(same[0], gpu=gpu_address)  # this VM's guest runs there already (started with its VM)
+        if same:
             raise ValueError(f"a guest already runs on {ref}")
         spec_type = nvml._type(type_id)
         inst = {"id": state.get("next_vgpu_instance", 1), "uuid": str(uuidlib.uuid4()), "vm_uuid": vm_uuid,

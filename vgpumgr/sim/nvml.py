@@ -38,8 +38,11 @@ from typing import Any
 import pynvml
 
 from vgpumgr import ids, mig
+from vgpumgr.sim import catalog as _catalog
 from vgpumgr.sim.nvml_migration import VgpuMigration
 from vgpumgr.sim.nvml_placement import VgpuPlacements
+from vgpumgr.sim.nvml_scheduler import DEFAULT as SCHEDULER_DEFAULT
+from vgpumgr.sim.nvml_scheduler import VgpuScheduler
 from vgpumgr.sim.nvml_telemetry import VgpuTelemetry
 from vgpumgr.sim.nvml_vgpus import VgpuInstances
 
@@ -52,7 +55,6 @@ _LICENSE = {  # per series, from NVIDIA's ctrl2080gpu.h (docs/sources.md §9)
 }
 _CLASS = {"A": "NVS", "B": "NVS", "C": "Compute", "Q": "Quadro"}  # not known from a source (docs/sources.md §17)
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}  # NVML_COMPUTE_INSTANCE_PROFILE_* -> compute slices
-_MIN_TIMESLICE_NS, _MAX_TIMESLICE_NS = 1_000_000, 30_000_000  # simulator's choice, not observed
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class GpuSpec:
     reset_for_mig: bool  # Ampere: a MIG mode change stays pending until a GPU reset
     types: tuple[VgpuTypeSpec, ...]
     mig_persistent: bool = False  # Ampere keeps MIG mode in the InfoROM across reboots; Hopper+ loses it
+    sriov: bool = True  # NVML's host vGPU mode: SR-IOV (Ampere and later) or not (Turing's mdev, the T4)
 
 
 def _timesliced(prefix: str, first_id: int, gbs: Sequence[int], series: str, total_gb: int) -> list[VgpuTypeSpec]:
@@ -118,6 +121,9 @@ SIM_PROFILES: dict[str, GpuSpec] = {
               + _timesliced("NVIDIA L40S", 1147, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "Q", 48)
               + _timesliced("NVIDIA L40S", 1157, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "A", 48)
               + [VgpuTypeSpec(2164, "NVIDIA L40S-3B", 3072, 16)])),
+    "t4": GpuSpec(  # the T4 of the `mixed` profile: Turing, no SR-IOV, no MIG; types from the sysfs catalogue
+        "Tesla T4", (0x10DE, 0x1EB8), (0x10DE, 0x12A2), 15360, None, (0, 0), False,
+        tuple(VgpuTypeSpec(t.id, t.name, t.framebuffer_mb, t.max_instance) for t in _catalog.T4), sriov=False),
 }
 
 
@@ -135,7 +141,7 @@ def create_state(state_path: str | os.PathLike[str], gpus: Sequence[tuple[str, s
             "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, 'vgpumgr-sim:' + address)}",
             "serial": str(1320000000000 + int(address.replace(":", "").replace(".", ""), 16) % 10**9),
             "mig_mode": list(spec.mig_default), "gpu_instances": [], "heterogeneous_mode": 0,
-            "scheduler": {"policy": 1, "arr": 0, "timeslice_ns": 0}, "lost": False, "not_supported": [],
+            "scheduler": dict(SCHEDULER_DEFAULT), "lost": False, "not_supported": [],
         })
     _write(Path(state_path), {"version": STATE_VERSION, "driver_version": driver_version, "gpus": entries})
 
@@ -156,7 +162,9 @@ def reboot_state(state_path: str | os.PathLike[str]) -> dict[str, dict[str, Any]
             gpu["mig_mode"] = [mode, mode]
             lost[gpu["address"]] = {"gpu_instances": len(gpu["gpu_instances"]),
                                     "mig_mode": before, "mig_mode_after": [mode, mode],
-                                    "heterogeneous_mode": gpu["heterogeneous_mode"]}
+                                    "heterogeneous_mode": gpu["heterogeneous_mode"],
+                                    "scheduler": gpu.get("scheduler")}
+            gpu["scheduler"] = dict(SCHEDULER_DEFAULT)  # NVML's scheduler setting does not persist
             gpu["gpu_instances"] = []
             gpu["heterogeneous_mode"] = 0
             gpu["vgpu_instances"] = []  # every VM is gone
@@ -211,7 +219,7 @@ def _deref(ref: Any) -> Any:
     return obj
 
 
-class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry, VgpuPlacements):
+class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry, VgpuPlacements, VgpuScheduler):
     """Stands in for the `pynvml` module. Handles encode (gpu index, GI id, CI id) in the pointer value."""
 
     profiles = SIM_PROFILES
@@ -376,8 +384,7 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry, VgpuPlacements):
         return pynvml.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU
 
     def nvmlDeviceGetHostVgpuMode(self, handle: Any) -> int:  # noqa: N802
-        self._read(handle, "nvmlDeviceGetHostVgpuMode")
-        return 1  # SR-IOV: every simulated GPU is Ampere or later
+        return int(self._read(handle, "nvmlDeviceGetHostVgpuMode")[1].sriov)  # 1 SR-IOV, 0 not (the T4)
 
     # -- MIG -----------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:  # noqa: N802
@@ -618,35 +625,6 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry, VgpuPlacements):
         return 0xFFFFFFFF if gi is None else gi
 
     # nvmlDevice{Get,Set}VgpuHeterogeneousMode and the placement calls: vgpumgr.sim.nvml_placement
-
-    def nvmlDeviceGetVgpuSchedulerState(self, handle: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState")
-        sched = gpu["scheduler"]
-        state = pynvml.c_nvmlVgpuSchedulerGetState_t()
-        state.schedulerPolicy = sched["policy"]
-        state.arrMode = (pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE if sched["arr"]
-                         else pynvml.NVML_VGPU_SCHEDULER_ARR_DISABLE)
-        state.schedulerParams.vgpuSchedData.timeslice = sched["timeslice_ns"]
-        return state
-
-    def nvmlDeviceGetVgpuSchedulerCapabilities(self, handle: Any) -> Any:  # noqa: N802
-        self._read(handle, "nvmlDeviceGetVgpuSchedulerCapabilities")
-        caps = pynvml.c_nvmlVgpuSchedulerCapabilities_t()
-        for i, policy in enumerate((1, 2, 3)):
-            caps.supportedSchedulers[i] = policy
-        caps.minTimeslice, caps.maxTimeslice = _MIN_TIMESLICE_NS, _MAX_TIMESLICE_NS
-        return caps
-
-    def nvmlDeviceSetVgpuSchedulerState(self, handle: Any, sched_state: Any) -> int:  # noqa: N802
-        with self._mutate() as state:
-            gpu, _spec = self._gpu(state, handle, "nvmlDeviceSetVgpuSchedulerState")
-            policy = sched_state.schedulerPolicy
-            timeslice = sched_state.schedulerParams.vgpuSchedData.timeslice
-            if policy not in (1, 2, 3) or (timeslice and not _MIN_TIMESLICE_NS <= timeslice <= _MAX_TIMESLICE_NS):
-                raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-            gpu["scheduler"] = {"policy": policy, "arr": int(sched_state.enableARRMode == 2),
-                                "timeslice_ns": timeslice if policy != 1 else 0}
-        return pynvml.NVML_SUCCESS
 
 
 def _placed(gpu: dict[str, Any]) -> list[mig.Placed]:

@@ -54,3 +54,14 @@ class SimKernel(Kernel):
         from vgpumgr.sim.mig_link import sync_from_nvml
 
         sync_from_nvml(self.host.root, layer)
+
+    def vm_started(self, name: str, xml: str) -> None:
+        """No QEMU here: the domain's vGPUs become running guests of the simulated NVML."""
+        from vgpumgr.sim.guest_link import started
+
+        started(self.host, name, xml)
+
+    def vm_stopping(self, xml: str) -> None:
+        from vgpumgr.sim.guest_link import stopped
+
+        stopped(self.host, xml)

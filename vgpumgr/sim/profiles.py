@@ -116,7 +116,8 @@ def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
         "l40s-vfio": [(0x3D, lambda numa: _l40s(numa, n(32)))],
         "a100-mig": [(0x65, lambda numa: _a100(numa, n(20)))],
         "h100-mig": [(0x19, lambda numa: _h100(numa, n(32)))],
-        "mixed": [(0x3B, lambda _: _t4(0)), (0x3D, lambda _: _l40s(0, n(8))), (0x65, lambda _: _a100(1, n(8)))],
+        "mixed": [(0x3B, lambda _: {**_t4(0), "nvml_profile": "t4"}),
+                  (0x3D, lambda _: _l40s(0, n(8))), (0x65, lambda _: _a100(1, n(8)))],
     }
     if profile == "gvtg":
         add_gpu(tree, "0000:00:02.0", _gvtg())

@@ -6,7 +6,8 @@ What is lost, and the sources for it, in docs/sources.md §11:
   VF's `current_vgpu_type` and every mdev on a VF.
 - Every mdev is gone (transient devices), and so is every process that held a device.
 - MIG GPU and compute instances are gone; MIG mode survives on Ampere (InfoROM), not on Hopper and newer.
-  A pending MIG mode takes effect (the GPU was reset). Heterogeneous (mixed-size) vGPU mode is lost.
+  A pending MIG mode takes effect (the GPU was reset). Heterogeneous (mixed-size) vGPU mode is lost, and so
+  is a vGPU scheduler set through NVML (back to best effort; only RmPVMRL in the module options persists).
 - Runtime driver choices are lost: `driver_override` reads "(null)" again and every function is bound to
   its default driver; `sriov_drivers_autoprobe` is back to 1.
 - IOMMU groups are numbered afresh in bus order (SimTree.renumber_iommu_groups); VFs enabled after the
@@ -36,7 +37,7 @@ def reboot(root: Path) -> dict[str, Any]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         tree = SimTree(root)
         report: dict[str, Any] = {"mdevs": 0, "vf_vgpus": 0, "vfs": {}, "gpu_instances": {}, "mig_off": [],
-                                  "heterogeneous_off": [], "drivers": {}, "iommu_groups": {}}
+                                  "heterogeneous_off": [], "scheduler_reset": [], "drivers": {}, "iommu_groups": {}}
         pci = tree.sys / "bus/pci/devices"
         pci.mkdir(parents=True, exist_ok=True)  # a host of virtual mdev parents only (samples) has no PCI GPU
         for address in sorted(os.listdir(pci)):
@@ -107,3 +108,5 @@ def _reset_mig(tree: SimTree, report: dict[str, Any]) -> None:
             gpu["mig"] = bool(nv["mig_mode_after"][0])
         if simplace.lose_mode(gpu) or (nv and nv["heterogeneous_mode"]):  # mixed-size mode and placements
             report["heterogeneous_off"].append(address)
+        if nv and (nv.get("scheduler") or {}).get("policy", 1) != 1:
+            report["scheduler_reset"].append(address)  # back to best effort: NVML's setting does not persist

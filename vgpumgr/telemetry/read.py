@@ -17,6 +17,8 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.nvml import NvmlLayer
+from vgpumgr.telemetry import sched_share
+from vgpumgr.telemetry.sched_share import ShareTracker
 
 ENGINES = ("sm", "mem", "enc", "dec", "jpg", "ofa")
 LICENCE_STATES = {0: "unknown", 1: "uninitialized", 2: "unlicensed-unrestricted", 3: "unlicensed-restricted",
@@ -47,6 +49,7 @@ class VgpuReading:
     licence_state: str = "unknown"
     licensed: bool = False
     licence_expiry: float | None = None  # epoch seconds
+    scheduler: dict[str, Any] | None = None  # share of GPU time from the scheduler's log, and the promised one
     absent: list[str] = field(default_factory=list)  # calls the driver did not answer
 
     @property
@@ -60,6 +63,7 @@ class GpuReading:
     address: str
     vgpus: list[VgpuReading] = field(default_factory=list)
     absent: str | None = None  # why NVML gives no vGPU data for this GPU
+    scheduler: dict[str, Any] | None = None  # policy, the log's window; None: the driver keeps no log
 
 
 class Reader:
@@ -70,6 +74,9 @@ class Reader:
         self.layer = layer
         self._static: dict[tuple[str, int], dict[str, Any]] = {}
         self._types: dict[int, tuple[str | None, int | None]] = {}
+        self.shares = ShareTracker()
+        self._max: dict[tuple[str, int], int | None] = {}
+        self._logged: set[str] = set()  # GPUs with running vGPUs and a scheduler log: polled between reads
 
     def read(self) -> tuple[list[GpuReading], list[str]]:
         """Every GPU's running vGPUs now, and the notices (NVML missing) to say once."""
@@ -92,8 +99,58 @@ class Reader:
                 gpu.vgpus.append(self._vgpu(n, address, int(inst), util.get(int(inst))))
             for key in [k for k in self._static if k[0] == address and k not in live]:
                 del self._static[key]  # an instance that ended: its id may come back for another VM
+            self._scheduler(n, handle, gpu)
             out.append(gpu)
         return out, []
+
+    def poll_logs(self) -> None:
+        """Read the scheduler log of every GPU that had running vGPUs at the last read (the service does it
+        5 times a second, as NVML asks, so that no time slice is missed)."""
+        from vgpumgr import nvml_scheduler
+
+        for address in sorted(self._logged):
+            try:
+                log = nvml_scheduler.read_log(self.layer, address)
+            except Exception:  # noqa: BLE001 - a GPU gone between two reads: the next read() says so
+                continue
+            self.shares.feed(address, log["entries"])
+
+    def _scheduler(self, n: Any, handle: Any, gpu: GpuReading) -> None:
+        from vgpumgr import nvml_scheduler
+
+        if not gpu.vgpus:
+            self._logged.discard(gpu.address)
+            self.shares.forget(gpu.address)
+            return
+        try:
+            log = nvml_scheduler.read_log(self.layer, gpu.address)
+        except Exception:  # noqa: BLE001 - no log is no error: the rows say nothing of shares
+            return
+        if log["policy"] is None:
+            self._logged.discard(gpu.address)
+            return
+        self._logged.add(gpu.address)
+        self.shares.feed(gpu.address, log["entries"])
+        seen = self.shares.shares(gpu.address) or {"window_s": 0.0, "lost_reads": 0, "runlists": {}}
+        gpu.scheduler = {"policy": log["policy"], "timeslice_ns": log["timeslice_ns"], "api": log.get("api"),
+                         "window_s": seen["window_s"], "lost_reads": seen["lost_reads"]}
+        for r in gpu.vgpus:
+            mine = seen["runlists"].get(r.instance) or {"share": 0.0, "busy": False}  # runlist = instance id
+            most = self._max_instances(n, handle, gpu.address, r.type_id)
+            r.scheduler = {"policy": log["policy"], "share": round(mine["share"], 4), "busy": mine["busy"],
+                           "expected": sched_share.expected(log["policy"], len(gpu.vgpus), most),
+                           "window_s": seen["window_s"]}
+
+    def _max_instances(self, n: Any, handle: Any, gpu: str, type_id: int | None) -> int | None:
+        if type_id is None:
+            return None
+        key = (gpu, int(type_id))
+        if key not in self._max:
+            try:
+                self._max[key] = int(n.nvmlVgpuTypeGetMaxInstances(handle, int(type_id)))
+            except n.NVMLError:
+                self._max[key] = None
+        return self._max[key]
 
     @staticmethod
     def _utilisation(n: Any, handle: Any) -> dict[int, dict[str, float | None]]:

@@ -16,6 +16,7 @@ from vgpumgr.telemetry.read import Reader
 
 log = logging.getLogger("vgpumgr.telemetry")
 INTERVAL_ENV = "VGPUMGR_TELEMETRY_INTERVAL"
+LOG_POLL_S = 0.15  # NVML: "at least 5 times a second"; 200 slices of 1 ms last 0.2 s
 
 
 def interval_seconds() -> float:
@@ -39,6 +40,7 @@ class Sampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._log_thread: threading.Thread | None = None
         self.notices_said: set[str] = set()
 
     def sample(self) -> dict[str, Any]:
@@ -67,11 +69,23 @@ class Sampler:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="vgpumgr-telemetry", daemon=True)
             self._thread.start()
+            self._log_thread = threading.Thread(target=self._poll_logs, name="vgpumgr-scheduler-log", daemon=True)
+            self._log_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for t in (self._thread, self._log_thread):
+            if t is not None:
+                t.join(timeout=5)
+
+    def _poll_logs(self) -> None:
+        """The vGPU scheduler's log holds the last 200 time slices: read 5 times a second (NVML's advice)."""
+        while not self._stop.wait(LOG_POLL_S):
+            try:
+                with self._lock:
+                    self.reader.poll_logs()
+            except Exception:  # noqa: BLE001 - a failed read must not end the polling
+                log.exception("scheduler log read failed")
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -81,6 +81,7 @@ def _row(host: str, r: VgpuReading, vm: str | None, a: dict[str, Any] | None) ->
         "fbc": {"sessions": r.fbc_sessions, "fps": r.fbc_fps, "latency_s": r.fbc_latency_s},
         "frame_rate_limit": r.frame_rate_limit, "gpu_instance": r.gpu_instance, "guest_driver": r.guest_driver,
         "licence": {"state": r.licence_state, "licensed": r.licensed, "expiry": r.licence_expiry},
+        "scheduler": r.scheduler,
         "absent": r.absent,
     }
 
@@ -98,5 +99,6 @@ def _gpu_rows(svc: Context, gpus: list[GpuReading], rows: list[dict[str, Any]]) 
         util = {e: sum(x["util"].get(e) or 0.0 for x in mine) for e in ENGINES}
         fb = sum(x["fb_used_bytes"] or 0 for x in mine)
         out.append({"gpu": g.address, "host": svc.hostname, "vgpus": len(mine), "util": util, "fb_used_bytes": fb,
-                    "free_slots": dict(sorted(free.get(g.address, {}).items())), "absent": g.absent})
+                    "free_slots": dict(sorted(free.get(g.address, {}).items())), "absent": g.absent,
+                    "scheduler": g.scheduler})
     return out

@@ -1,0 +1,437 @@
+"""The vGPU scheduler as recorded, restored and measured state (issue 32), on the simulator end to end: a set on a
+GPU with running guests is deferred and says so, applied once the GPU is empty, lost by `sim reboot` and brought
+back by `restore`; three busy guests each get ~1/3 (top, /metrics, `scheduler check`), a starved one makes
+`check` exit 10; fixed share in mixed-size mode is refused with the reason; `persist` writes NVIDIA's documented
+RmPVMRL values; the old NVML calls, the `_v2` ones and a driver without `_v2` (the real H100's recording)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+from fastapi.testclient import TestClient
+from simhost import run
+
+from api.app import create_app
+from vgpumgr import nvml_scheduler, rmpvmrl
+from vgpumgr.config import Config
+from vgpumgr.nvml import NvmlLayer
+from vgpumgr.ops import scheduler as scheduler_ops
+from vgpumgr.service import Service
+from vgpumgr.sim import guests, profiles
+from vgpumgr.sim.nvml import SimNvml, write_state
+from vgpumgr.sim.paths import nvml_state_path
+from vgpumgr.telemetry.sched_share import ShareTracker, shortfalls
+
+T4, L40S, A100 = "0000:3b:00.0", "0000:3d:00.0", "0000:65:00.0"
+FIXTURE = Path(__file__).parent / "fixtures/nvml/h100-scheduler.json"
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
+    root = profiles.create(tmp_path / "sim", "mixed", vfs=8)
+    return root, ("--sysfs-root", str(root), "--state-dir", str(tmp_path / "state"), "--connect", "test:///default")
+
+
+def ok(*argv: str) -> str:
+    rc, out, err = run(*argv)
+    assert rc == 0, err
+    return out
+
+
+def graphics(g: tuple[str, ...], gpu: str) -> dict[str, Any]:
+    return json.loads(ok(*g, "scheduler", "show", gpu))
+
+
+def nvml_state(root: Path) -> dict[str, Any]:
+    return json.loads(nvml_state_path(root).read_text())
+
+
+def set_state(root: Path, gpu: str, **changes: Any) -> None:
+    state = nvml_state(root)
+    entry = next(x for x in state["gpus"] if x["address"] == gpu)
+    entry.update(changes)
+    write_state(nvml_state_path(root), state)
+
+
+def busy_vms(g: tuple[str, ...], root: Path, names: tuple[str, ...] = ("a", "b", "c"), sm: int = 100) -> None:
+    for vm in names:
+        ok(*g, "vm", "create", vm, "--vgpu", "L40S-4Q", "--start")
+    for inst in guests.running(root):
+        guests.set_load(root, inst["id"], sm=sm)
+
+
+# -- acceptance ---------------------------------------------------------------------------------------
+def test_set_with_guests_is_deferred_then_applied_when_empty_lost_by_reboot_restored(
+        sim: tuple[Path, tuple[str, ...]], capsys: pytest.CaptureFixture[str]) -> None:
+    root, g = sim
+    busy_vms(g, root)  # vm create --start: the VMs run as guests of the simulated NVML
+    assert sorted(i["vm_name"] for i in guests.running(root)) == ["a", "b", "c"]
+    res = json.loads(ok(*g, "scheduler", "set", L40S, "equal-share"))
+    assert res["status"] == "deferred"
+    assert "3 vGPU(s) run on 0000:3d:00.0" in res["reason"] and "restore" in res["applies"]
+    assert "recorded, not applied yet" in capsys.readouterr().err
+    shown = graphics(g, L40S)
+    assert shown["policy"] == "best-effort" and shown["recorded"]["policy"] == "equal-share"
+    assert shown["in_effect"] is False and shown["recorded"]["applied"] is False
+    rc, out, _ = run(*g, "reconcile")
+    assert rc == 10 and "recorded equal-share, driver best-effort" in out
+
+    for vm in ("a", "b"):
+        ok(*g, "vm", "stop", vm)
+        assert graphics(g, L40S)["policy"] == "best-effort"  # a vGPU still runs: NVML would refuse
+    ok(*g, "vm", "stop", "c")  # the GPU is empty now
+    assert guests.running(root) == []
+    shown = graphics(g, L40S)
+    assert shown["policy"] == "equal-share" and shown["in_effect"] is True and shown["recorded"]["applied"]
+    audits = [e for e in json.loads(ok(*g, "audit", "--json")) if e["action"] == "vgpu.scheduler"]
+    assert [e["detail"]["status"] for e in audits] == ["deferred", "applied"]
+
+    out = ok(*g, "sim", "reboot")
+    assert "0000:3d:00.0: vGPU scheduler back to best effort" in out
+    assert graphics(g, L40S)["policy"] == "best-effort"
+    rc, out, _ = run(*g, "reconcile")
+    assert rc == 10 and "a reboot, a driver reload" in out
+    report = json.loads(ok(*g, "restore", "--json"))
+    steps = [s for r in report["gpus"] if r["gpu"] == L40S for s in r["steps"]]
+    kinds = [s["step"] for s in steps]
+    assert kinds.index("vfs") < kinds.index("scheduler") < kinds.index("vf-type")  # before the first vGPU
+    assert next(s for s in steps if s["step"] == "scheduler")["status"] == "done"
+    assert graphics(g, L40S)["policy"] == "equal-share"
+    again = json.loads(ok(*g, "restore", "--json"))
+    assert [s["status"] for r in again["gpus"] for s in r["steps"] if s["step"] == "scheduler"] == ["ok"]
+    assert run(*g, "reconcile")[0] == 0
+
+
+def test_three_busy_guests_each_get_a_third(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, g = sim
+    ok(*g, "scheduler", "set", L40S, "equal-share")
+    busy_vms(g, root)
+    top = json.loads(ok(*g, "top", "--json"))
+    assert len(top["vgpus"]) == 3
+    for r in top["vgpus"]:
+        assert r["scheduler"]["policy"] == "equal-share"
+        assert r["scheduler"]["share"] == pytest.approx(1 / 3, abs=0.02)
+        assert r["scheduler"]["expected"] == pytest.approx(1 / 3)
+        assert r["scheduler"]["busy"] is True
+    assert "SHARE%/PROMISED" in ok(*g, "top", "--once")
+    rc, out, _ = run(*g, "scheduler", "check", "--seconds", "0.4")
+    assert rc == 0 and out.count("equal-share") == 3
+
+    svc = Service(Config.resolve(sysfs_root=str(root), state_dir=str(Path(g[3])), connect="test:///default"))
+    client = TestClient(create_app(svc.cfg, service=svc, watch=False))
+    text = client.get("/metrics").text
+    shares = [float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("vgpumgr_vgpu_scheduler_share_ratio{")]
+    promised = [float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("vgpumgr_vgpu_scheduler_expected_share_ratio{")]
+    assert len(shares) == 3 and all(abs(s - 1 / 3) < 0.02 for s in shares)
+    assert promised == pytest.approx([1 / 3] * 3)
+
+    # the scheduler shortens one VM's slices: it gets clearly less than promised, check says so
+    victim = guests.running(root)[0]
+    set_state(root, L40S, scheduler_fault={str(victim["id"]): 0.4})
+    rc, out, _ = run(*g, "scheduler", "check", "--seconds", "0.4")
+    assert rc == 10 and f"LESS THAN PROMISED: {victim['vm_name']} on {L40S}" in out
+
+
+def test_rest_and_web_view_show_each_vms_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from test_api import make_env
+    from test_ui import login
+
+    monkeypatch.setenv("VGPUMGR_TELEMETRY_INTERVAL", "0.2")  # the newest sample is at most 0.2 s old
+    env, client = make_env(tmp_path, "mixed")
+    with client:
+        scheduler_ops.set_scheduler(env.cfg, L40S, scheduler_ops.setting("equal-share"))
+        for vm in ("a", "b", "c"):
+            env.service.create_vm(vm, vgpus=["L40S-4Q"], start=True)
+        root = Path(env.cfg.host.root)
+        for inst in guests.running(root):
+            guests.set_load(root, inst["id"], sm=100)
+        time.sleep(0.5)
+        rows = client.get("/v1/telemetry", headers=env.headers["auditor"]).json()["vgpus"]
+        assert sorted(r["vm"] for r in rows) == ["a", "b", "c"]
+        assert all(r["scheduler"]["share"] == pytest.approx(1 / 3, abs=0.02) for r in rows)
+        page = login(env, "auditor").get("/ui/telemetry")
+        assert page.status_code == 200
+        assert 'class="share-chart" data-gpu="0000:3d:00.0"' in page.text
+        assert page.text.count("data-expected=") == 3 and page.text.count('data-share="0.33') == 3
+
+
+def test_fixed_share_in_mixed_size_mode_is_refused_with_the_reason(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, g = sim
+    set_state(root, L40S, heterogeneous_mode=1)
+    rc, _, err = run(*g, "scheduler", "set", L40S, "fixed-share")
+    assert rc == 4 and "fixed share is not supported in mixed-size mode" in err
+    assert graphics(g, L40S)["recorded"] is None  # nothing recorded
+    # NVML itself refuses it too (the simulated driver)
+    n = SimNvml(nvml_state_path(root))
+    n.nvmlInit()
+    st = pynvml.c_nvmlVgpuSchedulerSetState_t()
+    st.schedulerPolicy = 3
+    with pytest.raises(pynvml.NVMLError) as e:
+        n.nvmlDeviceSetVgpuSchedulerState(n.nvmlDeviceGetHandleByIndex(1), st)
+    assert e.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert json.loads(ok(*g, "scheduler", "set", L40S, "equal-share"))["status"] == "applied"  # equal share is fine
+    rc, _, err = run(*g, "scheduler", "set", A100, "equal-share")  # MIG is on there
+    assert rc == 4 and "MIG mode is on" in err
+    rc, _, err = run(*g, "scheduler", "set", L40S, "equal-share", "--timeslice", "31")
+    assert rc == 2 and "1..30" in err
+    rc, _, err = run(*g, "scheduler", "set", L40S, "round-robin")
+    assert rc == 2 and "not a vGPU scheduler policy" in err
+
+
+def test_persist_writes_the_documented_values(sim: tuple[Path, tuple[str, ...]], tmp_path: Path) -> None:
+    root, g = sim
+    ok(*g, "scheduler", "set", L40S, "fixed-share", "--timeslice", "24")
+    ok(*g, "scheduler", "set", T4, "equal-share", "--frequency", "960", "--avg-factor", "60")
+    assert graphics(g, L40S)["engines"]["graphics"]["policy"] == "fixed-share"
+    out = ok(*g, "scheduler", "persist")
+    path = root / "etc/modprobe.d/vgpumgr-scheduler.conf"
+    assert f"wrote {path}" in out and "reload the NVIDIA driver or reboot" in out
+    assert path.read_text().splitlines()[-1] == (
+        'options nvidia NVreg_RegistryDwordsPerDevice="pci=0000:3b:00.0;RmPVMRL=0x3c3c0001;'
+        'pci=0000:3d:00.0;RmPVMRL=0x00180011"')
+    other = tmp_path / "elsewhere.conf"
+    res = json.loads(ok(*g, "scheduler", "persist", "--file", str(other), "--json"))
+    assert res["values"] == {T4: "0x3c3c0001", L40S: "0x00180011"} and other.is_file()
+
+
+# -- the RmPVMRL encoder against every value NVIDIA documents --------------------------------------------
+@pytest.mark.parametrize(("value", "setting"), [
+    (0x01, rmpvmrl.Setting("equal-share")),
+    (0x00030003, rmpvmrl.Setting("equal-share", timeslice_ms=3, arr=False)),
+    (0x11, rmpvmrl.Setting("fixed-share")),
+    (0x00180011, rmpvmrl.Setting("fixed-share", timeslice_ms=24)),
+    (0x3C3C0001, rmpvmrl.Setting("equal-share", frequency_hz=960, avg_factor=60)),
+    (0x3C3C0011, rmpvmrl.Setting("fixed-share", frequency_hz=960, avg_factor=60)),
+    (0x00030001, rmpvmrl.Setting("equal-share", timeslice_ms=3)),
+    (0x00, rmpvmrl.Setting("best-effort")),
+])
+def test_rmpvmrl_encodes_and_decodes_every_documented_value(value: int, setting: rmpvmrl.Setting) -> None:
+    assert rmpvmrl.encode(setting) == value
+    assert rmpvmrl.decode(value) == setting
+
+
+def test_rmpvmrl_refuses_what_the_layout_cannot_hold() -> None:
+    from vgpumgr.errors import InvalidInput
+
+    for bad in (rmpvmrl.Setting("equal-share", timeslice_ms=31), rmpvmrl.Setting("fixed-share", frequency_hz=62),
+                rmpvmrl.Setting("equal-share", frequency_hz=480, avg_factor=61),
+                rmpvmrl.Setting("equal-share", timeslice_ms=2, frequency_hz=480),
+                rmpvmrl.Setting("best-effort", timeslice_ms=2)):
+        with pytest.raises(InvalidInput):
+            rmpvmrl.encode(bad)
+    assert rmpvmrl.options_line({"0000:86:00.0": 0x11}) == \
+        'options nvidia NVreg_RegistryDwordsPerDevice="pci=0000:86:00.0;RmPVMRL=0x11"'
+
+
+# -- the simulated scheduler's log follows the policy and the loads ----------------------------------------
+def _shares(root: Path, gpu: str = L40S) -> dict[int, float]:
+    layer = NvmlLayer(SimNvml(nvml_state_path(root)))
+    tracker = ShareTracker()
+    tracker.feed(gpu, nvml_scheduler.read_log(layer, gpu)["entries"])
+    seen = tracker.shares(gpu) or {"runlists": {}}
+    return {rl: v["share"] for rl, v in seen["runlists"].items()}
+
+
+@pytest.mark.parametrize(("policy", "loads", "expected"), [
+    ("equal-share", (100, 100, 100), (1 / 3, 1 / 3, 1 / 3)),
+    ("equal-share", (100, 100, 0), (1 / 2, 1 / 2, 0)),  # divides among the busy vGPUs
+    ("fixed-share", (100, 100, 100), (1 / 12, 1 / 12, 1 / 12)),  # L40S-4Q: 12 per GPU, capped by type
+    ("best-effort", (100, 0, 0), (1.0, 0, 0)),  # idle time given away
+    ("best-effort", (80, 80, 0), (1 / 2, 1 / 2, 0)),
+])
+def test_log_follows_policy_and_loads(sim: tuple[Path, tuple[str, ...]], policy: str, loads: tuple[int, ...],
+                                      expected: tuple[float, ...]) -> None:
+    root, g = sim
+    ok(*g, "scheduler", "set", L40S, policy)
+    busy_vms(g, root)
+    ids = sorted(i["id"] for i in guests.running(root))
+    for inst, load in zip(ids, loads, strict=True):
+        guests.set_load(root, inst, sm=load)
+    got = _shares(root)
+    for inst, want in zip(ids, expected, strict=True):
+        assert got.get(inst, 0.0) == pytest.approx(want, abs=0.02)
+
+
+def test_nvml_refuses_a_change_while_a_vgpu_exists_and_reboot_forgets(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, g = sim
+    busy_vms(g, root, ("a",))
+    layer = NvmlLayer(SimNvml(nvml_state_path(root)))
+    from vgpumgr.errors import Conflict
+
+    with pytest.raises(Conflict):
+        nvml_scheduler.apply(layer, L40S, "equal-share")
+    ok(*g, "vm", "stop", "a")
+    assert nvml_scheduler.apply(layer, L40S, "equal-share")["api"] == "v2"
+    assert nvml_scheduler.read(layer, L40S)["engines"]["graphics"]["policy"] == "equal-share"
+    ok(*g, "sim", "reboot")
+    assert nvml_scheduler.read(layer, L40S)["engines"]["graphics"]["policy"] == "best-effort"
+
+
+# -- across nvidia-ml-py versions and drivers -------------------------------------------------------------
+class OldBindings(SimNvml):
+    """nvidia-ml-py before 13.595.45: no `_v2` scheduler calls or structs."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if "Sched" in name and "_v2" in name:
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+class DriverWithoutV2(SimNvml):
+    """New bindings on an older driver: the library has no `_v2` symbol (FunctionNotFound), as on the real H100."""
+
+    def nvmlDeviceGetVgpuSchedulerState_v2(self, *_a: Any) -> Any:  # noqa: N802
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    nvmlDeviceGetVgpuSchedulerLog_v2 = nvmlDeviceSetVgpuSchedulerState_v2 = nvmlDeviceGetVgpuSchedulerState_v2
+
+
+@pytest.mark.parametrize("module", [OldBindings, DriverWithoutV2])
+def test_old_calls_serve_where_v2_is_missing(sim: tuple[Path, tuple[str, ...]], module: type) -> None:
+    root, g = sim
+    layer = NvmlLayer(module(nvml_state_path(root)))
+    assert nvml_scheduler.read(layer, L40S)["api"] == "v1"
+    assert nvml_scheduler.apply(layer, L40S, "equal-share", timeslice_ms=3)["api"] == "v1"
+    state = nvml_scheduler.read(layer, L40S)
+    assert state["engines"] == {"graphics": {"policy": "equal-share", "arr": False, "timeslice_ns": None,
+                                             "avg_factor": None}}  # parameters read 0 while no vGPU runs
+    busy_vms(g, root)
+    log = nvml_scheduler.read_log(layer, L40S)
+    assert log["api"] == "v1" and log["timeslice_ns"] == 3_000_000 and len(log["entries"]) == 200
+    assert {e["target_ns"] for e in log["entries"]} == {3_000_000}
+
+
+def test_the_real_h100_without_a_vgpu_manager_has_no_scheduler() -> None:
+    """Replays what the lent H100 answered (driver 580.159.04, nvidia-ml-py 13.610.43): NotSupported for every
+    scheduler call, FunctionNotFound for the `_v2` ones."""
+    rec = json.loads(FIXTURE.read_text())
+    [(bus, raw)] = rec["gpus"].items()
+
+    class Replay:
+        NVMLError = pynvml.NVMLError
+        c_nvmlVgpuSchedulerStateInfo_v2_t = pynvml.c_nvmlVgpuSchedulerStateInfo_v2_t
+        c_nvmlVgpuSchedulerLogInfo_v2_t = pynvml.c_nvmlVgpuSchedulerLogInfo_v2_t
+
+        def nvmlInit(self) -> None:  # noqa: N802
+            pass
+
+        def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+            return 1
+
+        def nvmlDeviceGetPciInfo(self, h: int) -> Any:  # noqa: N802
+            info = pynvml.nvmlPciInfo_t()
+            info.busId = bus.encode()
+            return info
+
+        def __getattr__(self, name: str) -> Any:
+            def answer(*args: Any) -> Any:
+                key = name if name in raw else f"{name}/{args[1].engineId}"
+                got = raw[key]
+                if "error" in got:
+                    raise pynvml.NVMLError(got["error"])
+                return eval(got["value"])  # noqa: S307 - the fixture's repr of ints, lists and strings
+            if name in raw or f"{name}/1" in raw:
+                return answer
+            raise AttributeError(name)
+
+    layer = NvmlLayer(Replay())
+    address = "0000:00:06.0"
+    state = nvml_scheduler.read(layer, address)
+    assert state["api"] == "v1"  # _v2 answers FunctionNotFound: the old calls are used
+    assert state["engines"] == {} and state["capabilities"] is None
+    assert {"capabilities", "state", "active_vgpus"} <= set(state["not_supported"])
+    assert state["mig"] is False and state["name"] == "NVIDIA H100 80GB HBM3"
+    log = nvml_scheduler.read_log(layer, address)
+    assert log["entries"] == [] and log["not_supported"] == ["log"]
+    why = scheduler_ops._refusal(state, rmpvmrl.Setting("equal-share"))
+    assert why and "has no vGPU scheduler: NVML answers NotSupported" in why
+
+
+# -- the share tracker -----------------------------------------------------------------------------------
+def _entry(ts_ms: int, rl: int, run_ms: int, target_ms: int = 1000) -> dict[str, int]:
+    ms = 1_000_000
+    return {"timestamp_ns": ts_ms * ms, "run_ns": run_ms * ms, "runlist": rl, "target_ns": target_ms * ms,
+            "total_ns": 0, "preemption_ns": 0}
+
+
+def test_share_tracker_joins_overlapping_reads_and_notices_lost_entries() -> None:
+    t = ShareTracker()
+    t.feed("g", [_entry(1000, 1, 1000), _entry(2000, 2, 1000)])
+    t.feed("g", [_entry(2000, 2, 1000), _entry(3000, 1, 1000), _entry(4000, 2, 1000)])  # overlaps: no loss
+    seen = t.shares("g")
+    assert seen is not None and seen["lost_reads"] == 0 and seen["window_s"] == pytest.approx(4.0)
+    assert seen["runlists"][1]["share"] == pytest.approx(0.5) and seen["runlists"][2]["busy"] is True
+    t.feed("g", [_entry(9000, 1, 500)])  # entries between 4000 and 8500 were never read
+    assert t.shares("g")["lost_reads"] == 1  # type: ignore[index]
+    snap = {"vgpus": [{"vm": "a", "vm_uuid": None, "vgpu": "x", "gpu": "g", "type": "t",
+                       "scheduler": {"policy": "equal-share", "share": 0.2, "expected": 0.5, "busy": True,
+                                     "window_s": 1}},
+                      {"vm": "idle", "vm_uuid": None, "vgpu": "y", "gpu": "g", "type": "t",
+                       "scheduler": {"policy": "equal-share", "share": 0.0, "expected": 0.5, "busy": False,
+                                     "window_s": 1}}]}
+    assert [f["vm"] for f in shortfalls(snap)] == ["a"]  # an idle VM asked for nothing: not short-changed
+
+
+# -- started VMs run as guests ----------------------------------------------------------------------------
+def test_hook_prepare_and_release_start_and_stop_the_guest(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, g = sim
+    svc = Service(Config.resolve(sysfs_root=str(root), state_dir=g[3], connect="test:///default"))
+    svc.create_vm("h", vgpus=["L40S-4Q"])
+    assert guests.running(root) == []
+    xml = svc.vm_xml("h")
+    svc.libvirt_prepare("h", xml)
+    assert [i["vm_name"] for i in guests.running(root)] == ["h"]
+    svc.libvirt_release("h", xml)
+    assert guests.running(root) == []  # and its vGPU released
+    ok(*g, "vm", "create", "k", "--vgpu", "L40S-4Q")
+    assert guests.running(root) == []
+    ok(*g, "vm", "start", "k")
+    assert [i["vm_name"] for i in guests.running(root)] == ["k"]
+    ok(*g, "vm", "delete", "k")
+    assert guests.running(root) == []
+
+
+def test_the_mixed_profiles_t4_has_a_simulated_nvml(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, g = sim
+    layer = NvmlLayer(SimNvml(nvml_state_path(root)))
+    facts = layer.gpu(T4)
+    assert facts["name"] == "Tesla T4" and facts["host_vgpu_mode"] == "non-sriov"
+    assert any(t["name"] == "GRID T4-4Q" for t in facts["vgpu"]["supported_types"])
+    ok(*g, "vm", "create", "t", "--vgpu", "T4-4Q", "--start")
+    assert [(i["gpu"], i["vm_name"]) for i in guests.running(root)] == [(T4, "t")]
+    assert json.loads(ok(*g, "top", "--json"))["vgpus"][0]["type"] == "T4-4Q"
+
+
+def test_the_service_reads_the_log_often_enough_to_miss_nothing(sim: tuple[Path, tuple[str, ...]]) -> None:
+    """NVML keeps 200 slices: the service's sampler reads each GPU's log more than 5 times a second, so its
+    minute-long window grows from read to read without gaps."""
+    import time
+
+    from vgpumgr.telemetry.sampler import Sampler
+
+    root, g = sim
+    # 10 ms slices: the 200 entries span 2 s, so a loaded test machine cannot make the polls come too late
+    ok(*g, "scheduler", "set", L40S, "equal-share", "--timeslice", "10")
+    busy_vms(g, root)
+    svc = Service(Config.resolve(sysfs_root=str(root), state_dir=g[3], connect="test:///default"))
+    sampler = Sampler(svc, interval=30)
+    sampler.sample()  # the first pass finds the GPU's running vGPUs
+    sampler.start()
+    try:
+        time.sleep(1.6)
+    finally:
+        sampler.stop()
+    seen = sampler.reader.shares.shares(L40S)
+    assert seen is not None and seen["lost_reads"] == 0 and seen["window_s"] >= 1.2
+    assert all(v["share"] == pytest.approx(1 / 3, abs=0.02) for v in seen["runlists"].values())
