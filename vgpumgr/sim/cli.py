@@ -92,7 +92,9 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
             raise InvalidInput(f"`sim guest {args.action}` needs the vGPU", hint="give its mdev UUID or VF address")
         elif args.action == "start":
             vm = _vm_of(cfg, args)
-            res = guests.start(root, args.ref, **vm, guest_dir=_boot_guest(cfg, args, vm), again=False)
+            # a VM vgpumgr started runs as its guest already: --os/--licensing then give that guest its OS
+            res = guests.start(root, args.ref, **vm, guest_dir=_boot_guest(cfg, args, vm),
+                               again=args.os is not None or args.licensing is not None)
         elif args.action == "stop":
             res = guests.stop(root, args.ref)
         elif args.action == "load":

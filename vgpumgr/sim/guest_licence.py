@@ -57,7 +57,7 @@ def licence_of(inst: dict[str, Any], now: float | None = None) -> dict[str, Any]
     if info is None:
         return {}
     now = now or time.time()
-    started = float(inst.get("started") or now)
+    started = float(inst.get("booted") or inst.get("started") or now)
     unlicensed = STATE["unlicensed-unrestricted"] if now - started < UNRESTRICTED_S else STATE["unlicensed-restricted"]
     if info.get("licensing") != "token":
         return {"state": unlicensed, "expiry": None}
