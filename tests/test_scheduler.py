@@ -165,7 +165,7 @@ def test_rest_and_web_view_show_each_vms_share(tmp_path: Path, monkeypatch: pyte
 
 def test_fixed_share_in_mixed_size_mode_is_refused_with_the_reason(sim: tuple[Path, tuple[str, ...]]) -> None:
     root, g = sim
-    set_state(root, L40S, heterogeneous_mode=1)
+    ok(*g, "gpu", "mode", L40S, "--mixed")
     rc, _, err = run(*g, "scheduler", "set", L40S, "fixed-share")
     assert rc == 4 and "fixed share is not supported in mixed-size mode" in err
     assert graphics(g, L40S)["recorded"] is None  # nothing recorded
@@ -182,6 +182,10 @@ def test_fixed_share_in_mixed_size_mode_is_refused_with_the_reason(sim: tuple[Pa
     assert rc == 4 and "MIG mode is on" in err
     rc, _, err = run(*g, "scheduler", "set", L40S, "equal-share", "--timeslice", "31")
     assert rc == 2 and "1..30" in err
+    # after a reboot the driver has forgotten the mode, but restore will set it again: still refused
+    ok(*g, "sim", "reboot")
+    rc, _, err = run(*g, "scheduler", "set", L40S, "fixed-share")
+    assert rc == 4 and "recorded in mixed-size mode" in err, err
     rc, _, err = run(*g, "scheduler", "set", L40S, "round-robin")
     assert rc == 2 and "not a vGPU scheduler policy" in err
 

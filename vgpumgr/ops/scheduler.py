@@ -126,6 +126,9 @@ def set_scheduler(cfg: Config, gpu: str, want: rmpvmrl.Setting) -> dict[str, Any
     gpu, layer = ids.pci_address(gpu), nvml(cfg)
     state = nvml_scheduler.read(layer, gpu)
     why = _refusal(state, want)
+    if not why and want.policy == "fixed-share" and _recorded_mode(cfg, gpu) == "mixed":
+        why = ("the GPU is recorded in mixed-size mode (`vgpumgr gpu mode`; `restore` sets it again after a reboot), "
+               "where fixed share is not supported")
     if why:
         raise Conflict(f"cannot set {want.policy} on {gpu}: {why}",
                        hint="`vgpumgr scheduler show " + gpu + "` shows what the driver offers")
@@ -148,6 +151,16 @@ def set_scheduler(cfg: Config, gpu: str, want: rmpvmrl.Setting) -> dict[str, Any
             out["intent"] = _record(cfg, gpu, want, applied=True, reason=None)
     audited(cfg, AUDIT, gpu=gpu, detail={k: v for k, v in out.items() if k != "intent"})
     return out
+
+
+def _recorded_mode(cfg: Config, gpu: str) -> str | None:
+    """The vGPU mode `vgpumgr gpu mode` recorded for the GPU (None: none), as restore will set it."""
+    from vgpumgr.ops import boot_records
+
+    found: list[str | None] = []
+    boot_records.note(cfg, lambda s, host_id: found.append(
+        getattr(boot_records.boot_states(s, host_id).get(gpu), "vgpu_mode", None)))
+    return found[0] if found else None
 
 
 def _want_json(want: rmpvmrl.Setting) -> dict[str, Any]:

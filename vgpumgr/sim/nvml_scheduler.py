@@ -128,11 +128,15 @@ class VgpuScheduler:
 
     # -- set -------------------------------------------------------------------------------------
     def _set(self, handle: Any, call: str, new: dict[str, Any]) -> int:
+        try:  # the mode as the driver holds it (vgpumgr.sim.nvml_placement), read before this call's own lock
+            mixed = bool(self.nvmlDeviceGetVgpuHeterogeneousMode(handle))  # type: ignore[attr-defined]
+        except pynvml.NVMLError:
+            mixed = False
         with self._mutate() as state:
             gpu, spec = self._gpu(state, handle, call)
             if self._mig_on(gpu, spec) or gpu.get("vgpu_instances"):
                 raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            if new["policy"] == 3 and gpu.get("heterogeneous_mode"):
+            if new["policy"] == 3 and mixed:
                 raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
             if new["policy"] not in (1, 2, 3):
                 raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
