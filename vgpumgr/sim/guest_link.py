@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vgpumgr.errors import InvalidInput
+
 
 def _simulated(host: Any) -> bool:
     from vgpumgr.sim.paths import nvml_state_path
@@ -31,8 +33,8 @@ def started(host: Any, name: str, xml: str) -> list[dict[str, Any]]:
     for v in migration.incoming_vgpus(xml):
         try:
             out.append(guests.start(host.root, v.ref, vm_uuid=vm_uuid, vm_name=name))
-        except ValueError:
-            continue  # a whole GPU, or a GPU without a simulated NVML
+        except (ValueError, InvalidInput):
+            continue  # a whole GPU, a GPU without a simulated NVML, another vendor's slice (no NVML of theirs)
     return out
 
 
