@@ -1,6 +1,7 @@
 """scripts/bench_mixed.py's row (c) is what `vm create` decides: on simulated L40S GPUs in mixed-size mode,
 `placement.place` and the benchmark's vgpumgr policy pick the same GPU and placement ID at every arrival of a
-seeded trace with departures."""
+seeded trace with departures; and its offline optimum (d) is proved where it says so, by GB, by packing and by
+exhaustive search."""
 
 from __future__ import annotations
 
@@ -52,3 +53,33 @@ def test_bench_policy_row_decides_as_placement_does(tmp_path: Path) -> None:
         state[gpus.index(c.gpu)].sort()
         placed += 1
     assert placed > 20 and refused > 0  # the GPUs filled up: the decisions under pressure were compared too
+
+
+def test_offline_optimum_is_proved_on_the_issues_example(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(bench, "GPUS", 1)
+    # two 2Q, a 24Q, a 16Q (44 GB: the driver's 2Q at 0 and 4 leave the 16Q no start), then an 8Q (52 GB)
+    events = [("arrive", 1, 2), ("arrive", 2, 2), ("arrive", 3, 24), ("arrive", 4, 16), ("arrive", 5, 8)]
+    assert bench.replay(events, bench.driver_first_free(48))[0] == 3
+    assert bench.upper_bound(48, events, 3) == 4  # the fifth needs more GB than the GPU has
+    assert bench.optimum(48, events, 3) == (4, 4)  # a placement of the first four exists (2Q at 16 and 18)
+    # a departure frees the room: then all five fit
+    events.insert(4, ("leave", 3, 0))
+    assert bench.optimum(48, events, 3) == (5, 5)
+
+
+def test_offline_optimum_proves_a_prefix_out_of_reach(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(bench, "GPUS", 1)
+    events = [("arrive", 1, 16), ("arrive", 2, 24), ("arrive", 3, 16)]
+    assert bench.upper_bound(48, events, 0) == 2  # 16 + 24 + 16 = 56 GB
+    events = [("arrive", 1, 24), ("arrive", 2, 12), ("arrive", 3, 12)]  # 48 GB that tile exactly: all three
+    assert bench.optimum(48, events, 0) == (3, 3)
+    # 44 GB, yet two 16Q (at 0 and 32) overlap every 12Q start (0, 12, 24, 36): proved by packing, not by GB
+    events = [("arrive", 1, 16), ("arrive", 2, 16), ("arrive", 3, 12)]
+    assert bench.upper_bound(48, events, 0) == 2
+    assert bench.optimum(48, events, 0) == (2, 2)
+    # history: with a 24Q and a 16Q present the 4Q can only go at 24 or 20; after the 16Q leaves, 8Q + 4Q + 8Q
+    # would fit placed afresh (48 GB) but never around that 4Q: only the exhaustive search proves 5
+    events = [("arrive", 1, 24), ("arrive", 2, 16), ("arrive", 3, 4), ("leave", 2, 0), ("arrive", 4, 8),
+              ("arrive", 5, 4), ("arrive", 6, 8)]
+    assert bench.upper_bound(48, events, 0) == 6
+    assert bench.optimum(48, events, 0) == (5, 5)
