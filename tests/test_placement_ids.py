@@ -87,3 +87,30 @@ def test_default_policy_keeps_the_large_starts_the_driver_gives_away() -> None:
     assert all(16 <= p < 32 for p, _ in occupied)
     assert pid.creatable(48, pid.supported(48, 16), 16, occupied) == [0, 32]
     assert pid.choose(48, types, [(0, 48)], pid.supported(48, 2), 2) is None
+
+
+def test_pack_chooses_gpu_and_start_together_by_what_they_give_away() -> None:
+    types = pid.catalogue(48, {f"{s}Q": (s, None) for s in (48, 24, 16, 12, 8, 6, 4, 3, 2, 1)})
+    fuller = [(0, 24)]  # one 24Q: the other half is still a whole 24Q start
+    fragmented = [(0, 2), (24, 2)]  # the example: no 24Q start left anyway
+    two = pid.supported(48, 2)
+    on_fuller = pid.choose(48, types, fuller, two, 2)
+    on_fragmented = pid.choose(48, types, fragmented, two, 2)
+    assert on_fuller is not None and on_fragmented is not None
+    assert on_fuller[1] >= 24  # a 2Q on the fuller GPU takes its last 24Q start
+    assert on_fragmented[1] < on_fuller[1]
+    shares = {"fuller": 24 / 48, "fragmented": 4 / 48}
+    ranked = sorted([("fuller", on_fuller), ("fragmented", on_fragmented)],
+                    key=lambda c: pid.pack_order(c[1][1], shares[c[0]]))
+    assert ranked[0][0] == "fragmented"  # not the fullest GPU: it would give a 24Q away
+    assert pid.creatable(48, pid.supported(48, 24), 24, fuller) == [24]
+    # the same cost on one GPU: the fullest wins
+    assert pid.pack_order(0, 0.5) < pid.pack_order(0, 0.25)
+
+
+def test_cost_counts_what_still_fits_not_starts() -> None:
+    types = pid.catalogue(48, {"24Q": (24, None), "2Q": (2, None)})
+    # the first 2Q anywhere in a half takes one 24Q (24 GB) and the 2Q's own slot (2 GB), whatever the start
+    assert pid.cost(48, types, [], 0, 2) == 24 + 2
+    assert pid.cost(48, types, [], 22, 2) == 24 + 2
+    assert pid.max_count(48, pid.supported(48, 2), 2, pid.free_mask(48, [(0, 24)])) == 8

@@ -20,12 +20,14 @@ types, and splitting them across files would make each rule harder to follow, no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
 from vgpumgr import ids, vendors
+from vgpumgr import placement_ids as pid
 from vgpumgr.errors import InvalidInput, NotFound
 from vgpumgr.mig import profile_for_type
 from vgpumgr.mig_facts import MigFacts, users_text
@@ -640,7 +642,7 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
             if isinstance(found, str):
                 return found
             placement_id, cost = found
-            usage += f"; placement {placement_id}, costs larger types {cost}"
+            usage += f"; placement {placement_id}, costs other types {cost} GB"
     elif g.info.backend == BACKEND_VF:  # a vendor's SR-IOV slice: one VM per VF, _pick_parent finds a free one
         vfs = px.vfs_of.get(g.phys, [])
         busy = len({a.parent for a in allocs})
@@ -663,11 +665,23 @@ def _evaluate(px: Placer, g: _Group, load: _GpuLoad, request: Request, policy: P
             " (not the preferred node)" if numa_miss else " (preferred)")
     if free_vfs is not None:
         why += f"; {free_vfs} of {len(px.vfs_of.get(g.phys, []))} VFs free, lowest taken"
-    # mixed-size mode: the strategy picks the GPU, the placement's cost breaks its ties (bench_mixed.py)
-    order = (numa_miss, -share if policy.strategy == "pack" else share, cost, g.phys, parent, info.type)
+    if policy.strategy == "pack":  # GPU and placement ID chosen together (placement_ids.pack_order, bench_mixed.py)
+        order = (numa_miss, *pid.pack_order(_pack_cost(px, g, policy, allocs, cost), share), g.phys, parent,
+                 info.type)
+    else:  # spread: the least loaded GPU, the placement's cost breaks its ties
+        order = (numa_miss, share, cost, g.phys, parent, info.type)
     listed_backend = g.listed[0].backend if g.listed else info.backend
     return order, Candidate(g.phys if gpu else None, parent, info.type, info.name, listed_backend, numa,
                             round(share, 4), free_vfs, why, placement_id)
+
+
+def _pack_cost(px: Placer, g: _Group, policy: Policy, allocs: list[Allocation], cost: int) -> float:
+    """What a choice gives away, comparable across the GPUs `pack` ranks: in mixed-size mode the placement's
+    cost; an equal-size GPU that already holds vGPUs gives nothing away (only their size fits there), an empty
+    one every other size; MIG and other vendors' slices rank by load alone."""
+    if not g.info.nvidia or g.info.mig_profile or px.mixed(g, policy):
+        return cost
+    return 0 if allocs else math.inf
 
 
 def _policy_refusal(px: Placer, g: _Group, policy: Policy) -> str | None:

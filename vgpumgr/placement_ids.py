@@ -7,7 +7,7 @@ region the size of the GPU's nominal memory in GB, and each type may start only 
 - `supported(region, size, max_instance, arch)`: the driver's partition algorithm (pre-Blackwell: halve the
   region down to sixteenths; Blackwell: `floor(region * j / max)`), with the 1 GB deny lists of 48 GB GPUs.
 - `creatable(region, ids, size, occupied)`: the supported IDs whose whole range is free now.
-- `choose(...)`: vgpumgr's default policy, best fit scored by what each start costs the larger types.
+- `choose(...)`: vgpumgr's default policy, best fit scored by what each start costs the GPU's types (`cost`).
 """
 
 from __future__ import annotations
@@ -111,22 +111,31 @@ def catalogue(region_gb: int, sizes: Mapping[str, tuple[int, int | None]], arch:
     return out
 
 
+def max_count(region_gb: int, ids: Iterable[int], size: int, used: Sequence[bool]) -> int:
+    """How many vGPUs of one type still fit side by side in the free slots `used` marks (one placement size:
+    taking the earliest-ending free start each time is a maximum set)."""
+    count, end = 0, -1
+    for p in ids:
+        if p >= end and p + size <= region_gb and not any(used[p:p + size]):
+            count, end = count + 1, p + size
+    return count
+
+
 def cost(region_gb: int, types: Sequence[TypeSlots], occupied: Occupied, start: int, size: int) -> int:
-    """What taking `[start, start + size)` costs the other types: creatable starts lost, each weighted by the
-    square of its type's size, so that losing a large start weighs more than losing several small ones."""
+    """What taking `[start, start + size)` costs the GPU's types: for each type, how many fewer of it still fit
+    side by side, times its size (the GB of that type the choice gives away). The same number on any GPU of a
+    fleet, so it ranks GPUs as well as starts: a start that leaves every other type's count whole costs 0."""
     before = free_mask(region_gb, occupied)
     after = list(before)
     for i in range(start, start + size):
         after[i] = True
     lost = 0
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, tuple[int, ...]]] = set()
     for t in types:
-        for p in t.ids:
-            if (p, t.size) in seen:
-                continue
-            seen.add((p, t.size))
-            if not any(before[p:p + t.size]) and any(after[p:p + t.size]):
-                lost += t.size * t.size
+        if (t.size, t.ids) in seen:
+            continue
+        seen.add((t.size, t.ids))
+        lost += t.size * (max_count(region_gb, t.ids, t.size, before) - max_count(region_gb, t.ids, t.size, after))
     return lost
 
 
@@ -140,6 +149,12 @@ def choose(region_gb: int, types: Sequence[TypeSlots], occupied: Occupied, ids: 
         if best is None or c < best[1]:
             best = (p, c)
     return best
+
+
+def pack_order(cost_gb: float, share: float) -> tuple[float, float]:
+    """How `pack` ranks the (GPU, placement ID) choices of a fleet in mixed-size mode: the least `cost` (the
+    same units on every GPU), then the fullest GPU (`share` of its framebuffer in use)."""
+    return cost_gb, -share
 
 
 def first_free(region_gb: int, occupied: Occupied, ids: Iterable[int], size: int) -> int | None:

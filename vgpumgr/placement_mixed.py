@@ -4,7 +4,7 @@ Called by vgpumgr.placement for a (GPU, type) candidate on a GPU in mixed-size m
 come from NVML when discovery read them, else from the driver's algorithm (vgpumgr.placement_ids). Existing
 vGPUs sit at their known placement IDs (sysfs `placement_id`, NVML, or vgpumgr's record); one whose ID is not
 known is assumed where the driver would have put it (its first free ID). The default choice is the creatable
-ID that costs the larger types least (`placement_ids.choose`); `Policy.placement_id` pins one.
+ID that costs the GPU's other types least (`placement_ids.choose`); `Policy.placement_id` pins one.
 """
 
 from __future__ import annotations
@@ -152,8 +152,5 @@ def free_count(px: Any, phys: str, info: Any, allocs: Sequence[Any]) -> int:
     region = region_mb // 1024
     size, ids = _slots(px, phys, info, region)
     taken = held(px, phys, region, allocs)
-    count, end = 0, -1
-    for p in pid.creatable(region, ids, size, [(s, n) for s, n, _ in taken]):
-        if p >= end:  # one type's placements have one size: the earliest-ending pick is a maximum set
-            count, end = count + 1, p + size
+    count = pid.max_count(region, ids, size, pid.free_mask(region, [(s, n) for s, n, _ in taken]))
     return min(count, max(0, pid.MAX_PER_GPU - len(taken)))
