@@ -32,19 +32,24 @@ def env(h: SimHost, **extra: str) -> dict[str, str]:
     return {**e, "VGPUMGR_HOSTNAME": h.name, **extra}
 
 
-def consistent(h: SimHost) -> list[str]:
+def consistent(h: SimHost, other: SimHost) -> list[str]:
     """What does not add up on one host: records without devices or domains, devices nobody records, domains
-    whose vGPUs have no record."""
+    whose vGPUs have no record. One leftover is libvirt's own, not vgpumgr's: the kill stands for libvirtd dying
+    inside its Confirm step after the source's QEMU stopped and its release hook ran, before the source's
+    definition was removed; that shut-off definition's vGPU is released while the VM runs on `other`."""
     h.svc.invalidate()
     with h.svc.virt() as v:
-        domains = {d["name"]: set(domain.referenced_devices(v.xml(d["name"]))["mdev"]) for d in v.list()}
+        listing = v.list()
+        domains = {d["name"]: set(domain.referenced_devices(v.xml(d["name"]))["mdev"]) for d in listing}
+        confirm_cut = {d["name"] for d in listing if d["state"] != "running"} & {
+            n for n, state in other.domains().items() if state == "running"}
     live = {a["uuid"]: a for a in h.live() if a["uuid"]}
     problems = [f"{u} of {a['vm']}: {a['state']}{' (owned)' if a.get('incoming') else ''}, "
                 f"no domain here uses it" for u, a in live.items()
                 if a["vm"] != "filler" and u not in domains.get(a["vm"], set())]
     problems += [f"mdev {u} has no record" for u in set(h.server.mdevs()) - set(live)]
     problems += [f"domain {d} uses {sorted(u - set(live))} without a record"
-                 for d, u in domains.items() if u - set(live)]
+                 for d, u in domains.items() if u - set(live) and d not in confirm_cut]
     return problems
 
 
@@ -77,7 +82,7 @@ def test_killed_migrations_leave_nothing_behind_once_reaped(tmp_path: Path) -> N
         r = subprocess.run([VGPUMGR, *args(a), "reconcile", "--fix", "--json"], env=env(a), capture_output=True,
                            text=True, timeout=120)
         assert r.returncode in (0, 10), r.stderr
-        assert consistent(a) == [] and consistent(b) == [], f"seed {seed}"
+        assert consistent(a, b) == [] and consistent(b, a) == [], f"seed {seed}"
         # every VM is somewhere, running, exactly once or (killed after the destination ran it but before the
         # source stopped it: libvirt's own confirm step is what the kill took away) on both
         where = {vm: [h.name for h in (a, b) if h.domains().get(vm) == "running"] for vm in vms}
