@@ -169,9 +169,10 @@ def test_commands_leave_their_data_in_the_database_file(simhost: Path, tmp_path:
     p = subprocess.run([sys.executable, "-m", "vgpumgr.cli.main", "vgpu", "--type", "L40S-2Q", "--vm", "v"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert not (state / "vgpumgr.db-wal").exists()  # checkpointed at exit: a copy of the file is a copy
-    with closing(sqlite3.connect(state / "vgpumgr.db")) as conn:
-        assert conn.execute("SELECT count(*) FROM allocations").fetchone()[0] == 1
+    copy = tmp_path / "copy.db"  # what `cp vgpumgr.db` takes: the file alone, without its -wal
+    copy.write_bytes((state / "vgpumgr.db").read_bytes())
+    with closing(sqlite3.connect(copy)) as conn:
+        assert conn.execute("SELECT count(*) FROM allocations").fetchone()[0] == 1  # checkpointed at exit
 
 
 def test_backup_and_restore(simhost: Path, tmp_path: Path) -> None:

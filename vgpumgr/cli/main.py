@@ -212,13 +212,13 @@ def _skip_last_collection() -> None:
 
 
 def _close_databases() -> None:
-    """Close the pooled database connections at exit. The last connection to an SQLite database closing
-    checkpoints its write-ahead log into the database file and removes the log, so that after a command the
-    data is in vgpumgr.db itself (a `cp` of it is a copy, though `vgpumgr db backup` is the safe one). With the
-    service running, its connection stays open and the log stays. Measured: README, 'Backups'."""
+    """At exit, checkpoint each SQLite database's write-ahead log into the database file (PASSIVE: what no
+    reader still needs), so that after a command its data is in vgpumgr.db itself and a `cp` of that file is a
+    copy (`vgpumgr db backup` stays the safe one). The log file is kept for the next command: closing the last
+    connection would delete it, and each command would then make it anew (measured: README, 'Backups')."""
     session = sys.modules.get("vgpumgr.db.session")
     if session is not None:
-        session.dispose_engines()
+        session.checkpoint_sqlite()
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None,

@@ -157,6 +157,22 @@ def dispose_engine(url: str) -> None:
         engine.dispose()
 
 
+def checkpoint_sqlite() -> None:
+    """PASSIVE checkpoint of every SQLite database this process opened (never waits for a writer; a failure is
+    only a missed copy: the log still holds the commits)."""
+    with _engines_lock:
+        engines = [e for e in _engines.values() if e.dialect.name == "sqlite"]
+    for engine in engines:
+        try:
+            raw = engine.raw_connection()
+            try:
+                raw.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                raw.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            continue
+
+
 def dispose_engines() -> None:
     with _engines_lock:
         for engine in _engines.values():
