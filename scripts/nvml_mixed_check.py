@@ -16,20 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from nvml_vgpu_check import answer  # noqa: E402 - the same read-only query helper (this directory)
+
 from vgpumgr import nvml_mixed  # noqa: E402
-
-
-def answer(nvml, fn: str, *args: object) -> dict[str, object]:  # noqa: ANN001 - a pynvml module
-    try:
-        value = getattr(nvml, fn)(*args)
-    except nvml.NVMLError as exc:
-        return {"error": exc.value, "message": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - a missing symbol in an older pynvml, say
-        return {"exception": type(exc).__name__, "message": str(exc)}
-    if hasattr(value, "placementIds"):
-        return {"value": {"placementSize": value.placementSize,
-                          "ids": [value.placementIds[i] for i in range(value.count)]}}
-    return {"value": value if isinstance(value, (int, str, float, bool)) or value is None else repr(value)[:200]}
 
 
 def main() -> int:

@@ -18,20 +18,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from nvml_vgpu_check import answer  # noqa: E402 - the same read-only query helper (this directory)
+
 from vgpumgr import nvml_scheduler  # noqa: E402
 from vgpumgr.nvml import NvmlLayer  # noqa: E402
-
-
-def answer(n, fn: str, *args: object) -> dict[str, object]:  # noqa: ANN001 - a pynvml module
-    if not hasattr(n, fn):
-        return {"exception": "AttributeError", "message": f"this nvidia-ml-py has no {fn}"}
-    try:
-        value = getattr(n, fn)(*args)
-    except n.NVMLError as exc:
-        return {"error": exc.value, "message": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - a missing symbol in the library, say
-        return {"exception": type(exc).__name__, "message": str(exc)}
-    return {"value": repr(value)[:300]}
 
 
 def main() -> int:

@@ -33,9 +33,12 @@ def answer(nvml, fn: str, *args: object) -> dict[str, object]:  # noqa: ANN001 -
         return {"exception": type(exc).__name__, "message": str(exc)}
     if isinstance(value, (list, tuple)):
         return {"value": [v if isinstance(v, (int, str, float)) else repr(v) for v in value]}
+    if hasattr(value, "placementIds"):  # nvmlVgpuPlacementList_t (scripts/nvml_mixed_check.py)
+        return {"value": {"placementSize": value.placementSize,
+                          "ids": [value.placementIds[i] for i in range(value.count)]}}
     if isinstance(value, (int, str, float, bool)) or value is None:
         return {"value": value}
-    return {"value": repr(value)[:200]}
+    return {"value": repr(value)[:300]}
 
 
 def main() -> int:
