@@ -21,7 +21,7 @@ from vgpumgr.db.session import (
     session_factory,
     stored_state,
 )
-from vgpumgr.errors import AuditBroken, Conflict, InvalidInput, NotFound
+from vgpumgr.errors import AuditBroken, Conflict, InvalidInput, NotFound, SchemaMismatch
 
 
 def upgrade(url: str, *, contract: bool = False, ignore: frozenset[str] = frozenset(), me: str = "",
@@ -75,7 +75,7 @@ def current(url: str) -> Current:
     try:
         if state is not None:
             schema.check(state, dialect=get_engine(url).dialect.name)
-    except Exception as exc:  # noqa: BLE001 - SchemaMismatch: reported, not raised
+    except SchemaMismatch as exc:  # reported, not raised
         reason = str(exc)
     return Current(state.revision if state else None, state.contract_level if state else 0, schema.SCHEMA_REVISION,
                    schema.code_version(), reason is None, reason)

@@ -333,4 +333,4 @@ def unreachable(engine: Engine | None, exc: BaseException) -> Unavailable:
 
 def _no_table(exc: BaseException) -> bool:
     text = str(getattr(exc, "orig", exc)).lower()
-    return "no such table" in text or "does not exist" in text and "relation" in text
+    return "no such table" in text or ("does not exist" in text and "relation" in text)

@@ -24,7 +24,7 @@ from typing import Any
 from vgpumgr.config import Config
 from vgpumgr.db import schema
 from vgpumgr.db.models import LIVE_STATES, utcnow
-from vgpumgr.db.session import get_engine
+from vgpumgr.db.session import get_engine, stored_state
 from vgpumgr.errors import SchemaMismatch
 from vgpumgr.kinds import BACKEND_NVIDIA_VF
 
@@ -89,27 +89,25 @@ def nvidia_driver(cfg: Config) -> str | None:
 
 def check(cfg: Config, hostname: str, *, kernel: str | None = None, driver: str | None = None,
           window: timedelta = schema.LIVE_WINDOW) -> Report:
-    from sqlalchemy import text
+    from sqlalchemy import bindparam, text
 
     engine = get_engine(cfg.db_url)
+    state = stored_state(cfg.db_url) or schema.State(None)  # no schema yet: State(None)
+    known = (state.ordinal or 0) >= 1
+    hosts: list[schema.HostVersion] = []
+    records: list[tuple[str | None, str, str | None, str]] = []
     with engine.connect() as conn:
-        try:
-            with conn.begin_nested() if conn.dialect.name == "postgresql" else conn.begin():
-                state = schema.read_state(conn)
-        except Exception:  # noqa: BLE001 - no schema yet
-            state = schema.State(None)
-        known = (state.ordinal or 0) >= 1
-        hosts = schema.host_versions(conn, utcnow(), window) if (state.ordinal or 0) >= 9 else []
-        if not hosts and known:  # a database from before 0009: hosts without recorded versions
+        if (state.ordinal or 0) >= 9:
+            hosts = schema.host_versions(conn, utcnow(), window)
+        elif known:  # a database from before 0009: hosts without recorded versions
             hosts = [schema.HostVersion(n, None, None, None, False)
                      for (n,) in conn.execute(text("SELECT name FROM hosts ORDER BY name"))]
-        records: list[tuple[str | None, str, str | None, str]] = []
         if known:
+            live = bindparam("live", expanding=True)
             rows = conn.execute(text(
                 "SELECT v.name, a.backend, a.type_name, a.type_id FROM allocations a JOIN hosts h ON h.id = a.host_id "
-                "LEFT JOIN vms v ON v.id = a.vm_id WHERE h.name = :h AND a.state IN ('reserved', 'active') "
-                "ORDER BY a.id"), {"h": hostname}).all()
-            assert set(LIVE_STATES) == {"reserved", "active"}
+                "LEFT JOIN vms v ON v.id = a.vm_id WHERE h.name = :h AND a.state IN :live ORDER BY a.id"
+            ).bindparams(live), {"h": hostname, "live": list(LIVE_STATES)}).all()
             records = [(r[0], r[1], r[2], r[3]) for r in rows]
     report = Report(hostname, schema.code_version(), {}, [h.as_dict() for h in hosts],
                     sorted({vm for vm, *_ in records if vm}), {}, {})
@@ -126,13 +124,12 @@ def _schema(report: Report, state: schema.State, hosts: list[schema.HostVersion]
     report.schema = {"database": state.revision, "contract_level": state.contract_level,
                      "code": schema.SCHEMA_REVISION, **plan.as_dict()}
     say = report.findings.append
-    try:
-        schema.check(state, dialect=dialect) if state.revision else None
-    except SchemaMismatch as exc:
-        if plan.ahead:
+    if plan.ahead:
+        try:
+            schema.check(state, dialect=dialect)
+        except SchemaMismatch as exc:
             say(Finding("block", "schema", exc.message))
             return
-    if plan.ahead:
         say(Finding("info", "schema", f"the database ({state.revision}) is newer than this release "
                                       f"({schema.SCHEMA_REVISION}) and still serves it (contract level "
                                       f"{state.contract_level})"))
