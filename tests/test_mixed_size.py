@@ -71,6 +71,9 @@ def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None
     rc, out, err = cli("sim", "reboot")
     assert rc == 0 and "mixed-size vGPU mode is off again" in out
     assert placement_files(cli.root) == {}
+    rc, out, err = cli("reconcile", "--json")  # the mode the driver forgot is drift until restore sets it again
+    assert rc == 10 and json.loads(out)["vgpu_mode_drift"] == [
+        {"gpu": L40S, "recorded": "mixed", "actual": "equal", "why": json.loads(out)["vgpu_mode_drift"][0]["why"]}]
     rc, out, err = cli("restore")
     assert rc == 0, out + err
     lines = out.splitlines()
@@ -80,6 +83,7 @@ def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None
     assert placement_files(cli.root) == before
     rc, out, err = cli("restore")
     assert rc == 0 and "done" not in out  # nothing left to do
+    assert json.loads(cli("reconcile", "--json")[1])["vgpu_mode_drift"] == []
 
 
 def test_explain_names_the_fragmentation_golden(cli) -> None:  # noqa: ANN001

@@ -222,13 +222,19 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
             want = (d.get("recorded") or {}).get("policy")
             have = (d.get("actual") or {}).get("policy")
             out.write(f"  {d['gpu']}  recorded {want}, driver {have or '-'}: {d['why']}\n")
+        modes = r.get("vgpu_mode_drift") or []
+        if modes:
+            out.write(f"vGPU modes not as recorded: {len(modes)}\n")
+        for d in modes:
+            out.write(f"  {d['gpu']}  recorded {d['recorded']}, driver {d['actual']}: {d['why']}\n")
         if args.fix:
             out.write(f"restored: {', '.join(r['restored']) or 'none'}; removed: {', '.join(r['removed']) or 'none'}\n")
         for e in r["errors"]:
             out.write(f"  error: {e}\n")
     if r["errors"]:
         return 1
-    differs = r["missing"] or r["unknown"] or r["dead_reservations"] or r["stale_records"] or r.get("scheduler_drift")
+    differs = (r["missing"] or r["unknown"] or r["dead_reservations"] or r["stale_records"] or r.get("scheduler_drift")
+               or r.get("vgpu_mode_drift"))
     return 0 if (args.fix or not differs) else 10
 
 

@@ -82,3 +82,18 @@ def set_mode(svc: Context, gpu: str, mode: str, *, actor: str | None = None) -> 
     return {"gpu": gpu, "mode": mode, "before": before, "changed": before != mode}
 
 
+def drift(svc: Context, inventory: Any) -> list[dict[str, Any]]:
+    """GPUs whose vGPU mode, as `gpu mode` recorded it, is not what the driver holds now (a reboot, a driver reload
+    or `sriov-manage` took it away; `restore` sets it again). A GPU whose mode NVML cannot tell is not judged."""
+    with svc.reads() as s:
+        recorded = {gpu: st.vgpu_mode for gpu, st in boot_records.boot_states(s, svc.host_id(s)).items()
+                    if st.vgpu_mode}
+    out = []
+    for g in inventory.gpus:
+        want = recorded.get(g.address)
+        have = (((g.nvml or {}).get("vgpu") or {}).get("mixed_size") or {}).get("mode") if want else None
+        if want and have and have != want:
+            out.append({"gpu": g.address, "recorded": want, "actual": have,
+                        "why": "the driver forgets it at a reboot, a driver reload and sriov-manage; `vgpumgr restore` "
+                               "sets it again while no vGPU exists on the GPU"})
+    return out
