@@ -189,6 +189,8 @@ def test_restore_after_reboot_brings_back_every_vendor_step(host: Host) -> None:
     rc, out, _ = run("reconcile", "--json")
     missing = set(json.loads(out)["missing"])
     assert rc == 10 and {"0000:87:00.4", "0000:8b:00.4", "0000:8d:00.4"} <= missing  # VFs gone; GIM's came back
+    drift = {(d["gpu"], d["step"]) for d in json.loads(out)["vendor_drift"]}
+    assert drift == {(ASCEND, "ascend-vnpu-vm-mode"), (FLEX, "i915-lmem-quota"), (BMG, "xe-vram-quota")}
     assert "0000:89:00.4" not in missing and len(missing) == 5  # and the two mdevs
     dry = json.loads(ok("restore", "--dry-run", "--json"))
     steps = {(g["gpu"], s["step"]): s["status"] for g in dry["gpus"] for s in g["steps"]}
@@ -219,6 +221,18 @@ def test_reconcile_fix_after_reboot(host: Host) -> None:
     assert host.mdev(uuid).exists()  # the vNPU is back, the card's VM mode set again first
     ok("restore")
     assert run("reconcile")[0] == 0
+
+
+def test_reconcile_names_a_vendor_mode_the_reboot_took_with_no_vm_on_the_card(host: Host) -> None:
+    ok("vendor", "prepare", ASCEND)
+    assert run("reconcile")[0] == 0
+    ok("sim", "reboot")
+    rc, out, _ = run("reconcile")
+    assert rc == 10 and "vendor steps not as recorded: 1" in out, out
+    assert f"{ASCEND}  ascend-vnpu-vm-mode: recorded vnpu-mode 1; vNPU mode is 0" in out, out
+    ok("restore")
+    rc, out, _ = run("reconcile", "--json")
+    assert rc == 0 and json.loads(out)["vendor_drift"] == []
 
 
 def test_amd_restore_checks_the_vf_count_and_names_the_reload(host: Host) -> None:

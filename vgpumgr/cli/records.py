@@ -227,6 +227,12 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"vGPU modes not as recorded: {len(modes)}\n")
         for d in modes:
             out.write(f"  {d['gpu']}  recorded {d['recorded']}, driver {d['actual']}: {d['why']}\n")
+        vendor = r.get("vendor_drift") or []
+        if vendor:
+            out.write(f"vendor steps not as recorded: {len(vendor)}\n")
+        for d in vendor:
+            now = d["actual"] or "unreadable"
+            out.write(f"  {d['gpu']}  {d['step']}: recorded {d['recorded']}; {now}: {d['why']}\n")
         if args.fix:
             out.write(f"restored: {', '.join(r['restored']) or 'none'}; removed: {', '.join(r['removed']) or 'none'}\n")
         for e in r["errors"]:
@@ -234,7 +240,7 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
     if r["errors"]:
         return 1
     differs = (r["missing"] or r["unknown"] or r["dead_reservations"] or r["stale_records"] or r.get("scheduler_drift")
-               or r.get("vgpu_mode_drift"))
+               or r.get("vgpu_mode_drift") or r.get("vendor_drift"))
     return 0 if (args.fix or not differs) else 10
 
 

@@ -13,7 +13,7 @@ from vgpumgr.backends import nvidia_vf
 from vgpumgr.errors import VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF
 from vgpumgr.ops import allocate as alloc
-from vgpumgr.ops import leases, stale, vgpu_mode
+from vgpumgr.ops import leases, restore_vendor, stale, vgpu_mode
 from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
@@ -92,8 +92,9 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
                   "restored": restored, "removed": removed, "errors": errors, "fixed": fix}
         report["scheduler_drift"] = scheduler_ops.drift_report(svc.cfg, fix=fix, actor=actor)
         report["vgpu_mode_drift"] = vgpu_mode.drift(svc, svc.snapshot().inventory)
+        report["vendor_drift"] = restore_vendor.drift(svc)
         differs = (missing or unknown or dead or found_stale or report["scheduler_drift"]
-                   or report["vgpu_mode_drift"])
+                   or report["vgpu_mode_drift"] or report["vendor_drift"])
         with svc.tx() as s:
             svc.event(s, audit.RECONCILE, FAILED if errors else (WARNING if differs and not fix else OK), actor=actor,
                        detail={k: v for k, v in report.items() if k != "missing_detail"})

@@ -68,3 +68,27 @@ def ensure_vnpu_mode(svc: Any, parent: str | None, type_id: str | None, actor: s
     svc.invalidate()
     with svc.tx() as s:
         svc.event(s, f"vendor.{vendors.STEP_ASCEND_VM_MODE}", actor=actor, gpu=pf, detail={"message": res.message})
+
+
+def drift(svc: Any) -> list[dict[str, Any]]:
+    """Cards whose recorded vendor steps (Ascend's VM mode, Intel's per-VF quotas) the card no longer holds: a
+    reboot or a module reload took them; `vgpumgr restore` writes them again. Read only; a card that cannot be
+    read is reported with why."""
+    from vgpumgr.ops import boot_records
+
+    with svc.reads() as s:
+        recorded = {gpu: dict(st.vendor_state) for gpu, st in boot_records.boot_states(s, svc.host_id(s)).items()
+                    if st.vendor_state}
+    out = []
+    for pf, steps in sorted(recorded.items()):
+        for step in sorted(steps, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+            try:
+                now = vendor_steps.read_step(svc.host, pf, step, steps[step])
+            except VgpuError as e:
+                out.append({"gpu": pf, "step": step, "recorded": _want_text(steps[step]), "actual": None,
+                            "why": e.message})
+                continue
+            if not now.ok:
+                out.append({"gpu": pf, "step": step, "recorded": _want_text(steps[step]), "actual": now.message,
+                            "why": "a reboot or a module reload takes it; `vgpumgr restore` writes it again"})
+    return out
