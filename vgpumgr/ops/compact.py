@@ -96,8 +96,7 @@ def apply(svc: Context, p: dict[str, Any], actor: str | None = None) -> dict[str
         try:
             res = migrate_vm(svc, mv["vm"], mv["to"], actor=actor)
         except VgpuError as e:
-            p["failed"] = {"vm": mv["vm"], "to": mv["to"], "error": e.message, "hint": e.hint, "kind": e.kind,
-                           "exit_code": e.exit_code}
+            p["failed"] = {"vm": mv["vm"], "to": mv["to"], "error": e.message, "hint": e.hint, "kind": e.kind}
             break
         p["applied"].append({"vm": mv["vm"], "to": mv["to"], "migration": res["migration"]})
     if p["failed"] is None:
@@ -122,18 +121,27 @@ def failure(p: dict[str, Any]) -> VgpuError | None:
     moved = ", ".join(f"{a['vm']} to {a['to']}" for a in p["applied"]) or "nothing"
     f = p.get("failed")
     if f:
-        cls = next((c for c in (Conflict, NotFound) if c.exit_code == f["exit_code"]), VgpuError)
-        err = cls(f"compacting {p['gpu']} for {p['type']} stopped: migrating VM {f['vm']} to {f['to']} failed: "
-                  f"{f['error']}; already moved: {moved}",
-                  hint=(f"{f['hint']}; " if f.get("hint") else "") + f"VM {f['vm']} runs on here as it was; "
-                  f"run `vgpumgr gpu compact {p['gpu']} --for {p['type'].split()[-1]}` again for a new plan")
-        err.exit_code = f["exit_code"]
-        return err
+        return _error_class(f["kind"])(
+            f"compacting {p['gpu']} for {p['type']} stopped: migrating VM {f['vm']} to {f['to']} failed: "
+            f"{f['error']}; already moved: {moved}",
+            hint=(f"{f['hint']}; " if f.get("hint") else "") + f"VM {f['vm']} was not moved; run "
+            f"`vgpumgr gpu compact {p['gpu']} --for {p['type'].split()[-1]}` again for a new plan")
     if p["applied"] and p.get("creatable") is False:
         return Conflict(f"compacting {p['gpu']} moved {moved}, but placement ID {p['start']} of {p['type']} is not "
                         f"creatable now: taken by {', '.join(p.get('taken_by') or []) or 'something else'}",
                         hint=f"`vgpumgr gpu slots {p['gpu']}` shows who holds it")
     return None
+
+
+def _error_class(kind: str) -> type[VgpuError]:
+    """The error class of that kind: a migration refused as a Conflict stops the compaction as one (exit 4)."""
+    todo: list[type[VgpuError]] = [VgpuError]
+    while todo:
+        c = todo.pop()
+        if c.kind == kind:
+            return c
+        todo += c.__subclasses__()
+    return VgpuError
 
 
 def text(p: dict[str, Any]) -> str:
