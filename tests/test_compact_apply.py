@@ -15,6 +15,7 @@ from migration_hosts import SimHost, sim_hosts
 from simhost import run
 
 from vgpumgr.placement import Policy
+from vgpumgr.remote import UnixHTTPConnection
 
 L40S = "0000:3d:00.0"
 
@@ -94,6 +95,10 @@ def test_fleet_place_hints_and_apply_moves_the_vm_to_host_b(hosts: tuple[SimHost
         "start by moving 1 VM\n")
     rc, _, err = _cli(b, monkeypatch, "fleet", "place", "--type", "L40S-24Q")  # any host of the fleet says it
     assert rc == 4 and f"`vgpumgr gpu compact {L40S} --for L40S-24Q` (on host-a)" in err and "--explain" in err
+    c = UnixHTTPConnection(str(b.server.sock), timeout=60)  # and REST
+    c.request("GET", "/v1/fleet/place?type=L40S-24Q", headers={"Authorization": f"Bearer {b.operator_token}"})
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["compact"] == d["compact"]
 
     rc, out, err = _cli(a, monkeypatch, "gpu", "compact", L40S, "--for", "L40S-24Q", "--apply", "--json")
     p = json.loads(out)
@@ -150,3 +155,29 @@ def test_a_failed_migration_stops_the_compaction_with_what_was_moved(hosts: tupl
     _publish(b)
     rc, out, err = _cli(a, monkeypatch, "gpu", "compact", L40S, "--for", "L40S-24Q")
     assert rc == 4 and "no destination" in out  # host-b is full now: the plan says so and moves nothing
+
+
+def test_a_start_taken_while_the_vms_moved_is_reported(hosts: tuple[SimHost, SimHost],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpumgr.errors import Conflict
+    from vgpumgr.ops import compact, migrate
+
+    a, b = hosts
+    _vms(a, ("r1", 0), ("r2", 24))
+    _publish(a, b)
+    real = migrate.migrate_vm
+
+    def racing(*args: object, **kw: object) -> dict:
+        res = real(*args, **kw)  # the move succeeds; meanwhile another placement takes the freed start
+        a.svc.allocate("L40S-12Q", vm="squatter", policy=Policy(placement_id=0))
+        return res
+
+    monkeypatch.setattr(migrate, "migrate_vm", racing)
+    p = compact.apply(a.svc, compact.plan(a.svc, L40S, "L40S-24Q"))
+    assert [x["vm"] for x in p["applied"]] == ["r1"] and p["failed"] is None
+    assert p["creatable"] is False and p["taken_by"] == ["L40S-12Q of squatter"]
+    err = compact.failure(p)
+    assert isinstance(err, Conflict) and "moved r1 to" in err.message
+    assert "placement ID 0 of NVIDIA L40S-24Q is not creatable now: taken by L40S-12Q of squatter" in err.message
+    [ev] = a.events("gpu.compact")[-1:]
+    assert ev.outcome == "failed" and ev.detail["creatable"] is False
