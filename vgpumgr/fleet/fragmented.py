@@ -47,6 +47,12 @@ def loads(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuLoad]:
             for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]
 
 
+def roomy(g: GpuLoad) -> bool:
+    """No free instance of the wanted type, yet the GB for one: worth reading its vGPUs' placements."""
+    return (g.free == 0 and bool(g.region_mb and g.framebuffer_mb)
+            and g.region_mb - g.used_mb >= (g.framebuffer_mb or 0))
+
+
 Held = tuple[int | None, int | None, str | None]  # a vGPU's placement ID, framebuffer MB and VM
 
 

@@ -177,8 +177,9 @@ def _fragmented(s: Any, request: fleet_place.FleetRequest, d: fleet_place.FleetD
 
     full = {r.host for r in d.rejected if r.code == fleet_place.NO_CAPACITY}
     names = {h.host_id: h.name for h in rows if h.name in full}
-    ids_ = list(names)
-    return fragmented.suggest(request.type, fragmented.loads(s, request.type, ids_), fragmented.vgpus(s, ids_), names)
+    loads = [g for g in fragmented.loads(s, request.type, list(names)) if fragmented.roomy(g)]
+    held = fragmented.vgpus(s, sorted({g.host_id for g in loads}))  # only the hosts with GB to spare
+    return fragmented.suggest(request.type, loads, held, names)
 
 
 def _migrating(s: Any, request: fleet_place.FleetRequest, rows: list[store.HostRow]) -> fleet_place.Migrating | None:
