@@ -139,6 +139,10 @@ def test_a_failed_migration_stops_the_compaction_with_what_was_moved(hosts: tupl
     assert p["creatable"] is None
     assert f"stopped: migrating VM f2 to {b.uri} failed:" in err and f"already moved: f1 to {b.uri}" in err
     assert "VM f2 was not moved" in err
+    from vgpumgr.ops.compact import text
+
+    assert text(p).splitlines()[1:] == [f"  move f1 (L40S-2Q of f1 at 0) -> {b.uri} [done]",
+                                        f"  move f2 (L40S-2Q of f2 at 4) -> {b.uri} [failed]"]
 
     # nothing half-made: f1 moved whole, f2 runs on at host-a where it was, host-b holds nothing for it
     assert b.domains()["f1"] == "running" and a.live("f1") == []
