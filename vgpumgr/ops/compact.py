@@ -5,7 +5,7 @@ For every start of TYPE the vGPUs in its way are the moves it needs; the start n
 fewest GB moved) wins (`fewest_moves`, pure: `fleet place` uses it on what the hosts published). Every VM to
 move needs a destination: the fleet's first choice for it (`fleet place --vm`, as `host drain` asks). `--apply`
 migrates them one at a time (vgpumgr.ops.migrate) and stops at the first failure: the VMs moved before it stay
-moved (each migration is whole or not at all), the failed one runs on here as it was, and the `gpu.compact`
+moved (each migration is whole or not at all), the failed one stays here, and the `gpu.compact`
 audit event says what was applied and what failed. After the last move the GPU's slot map is read again: the
 freed start must be creatable now (something else may have taken it meanwhile). Nothing is moved when any VM
 of the plan has no destination.
@@ -101,10 +101,11 @@ def apply(svc: Context, p: dict[str, Any], actor: str | None = None) -> dict[str
         p["applied"].append({"vm": mv["vm"], "to": mv["to"], "migration": res["migration"]})
     if p["failed"] is None:
         svc.invalidate()
-        t = _type(slot_map(svc, p["gpu"]), p["type"])
+        m = slot_map(svc, p["gpu"])
+        t = _type(m, p["type"])
         p["creatable"] = p["start"] in t["creatable"]
         if not p["creatable"]:
-            p["taken_by"] = [v["vgpu"] for v in slot_map(svc, p["gpu"])["vgpus"]
+            p["taken_by"] = [v["vgpu"] for v in m["vgpus"]
                              if v["placement_id"] < p["start"] + t["placement_size"]
                              and p["start"] < v["placement_id"] + v["size"]]
     err = failure(p)
