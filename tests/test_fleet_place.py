@@ -109,3 +109,36 @@ def test_no_host_at_all_is_a_decision_without_a_choice() -> None:
     d = place([], [], FleetRequest("L40S-4Q"))
     assert d.choice is None and d.summary() == "no host has published anything"
     assert d.as_dict()["ranked"] == [] and d.as_dict()["request"]["type"] == "L40S-4Q"
+    assert d.as_dict()["compact"] is None  # the key is always there: the hint below, when a GPU is fragmented
+
+
+def test_the_fragmented_mixed_size_gpu_needing_the_fewest_moves_is_named() -> None:
+    from vgpumgr.fleet.fragmented import GpuLoad, hint, suggest
+
+    gpu, gpu2 = "0000:3d:00.0", "0000:3e:00.0"
+    names = {1: "a", 2: "b", 3: "c", 4: "d", 5: "e"}
+
+    def load(h: int, g: str = gpu, used_gb: int = 0, free: int = 0) -> GpuLoad:  # an L40S (48 GB), wanted: 24Q
+        return GpuLoad(h, g, 48 * 1024, used_gb * 1024, free, 2, "NVIDIA L40S-24Q", 24 * 1024)
+
+    def two_q(*placed: tuple[int, str | None]) -> list[tuple[int | None, int, str | None]]:
+        return [(at, 2048, vm) for at, vm in placed]
+
+    held = {
+        (1, gpu): two_q((0, "a1"), (4, "a2"), (24, "a3"), (28, "a4")),  # each 24Q start: two moves
+        (2, gpu): [(0, 4096, "b1"), *two_q((26, "b2"))],  # start 24: one move of 2 GB (start 0: one of 4 GB)
+        (2, gpu2): two_q((0, "b3")),  # start 24 is free: its 24Q is kept out by something else (no VF)
+        (3, gpu): [(None, 2048, "c1")],  # equal-size mode (no placement ID recorded): not judged
+        (4, gpu): two_q((0, None), (24, None)),  # vGPUs without a VM: no migration frees a start
+        (5, gpu): [(0, 24576, "e1"), (32, 16384, "e2")],  # 8 GB free: full, not fragmented
+    }
+    loads = [load(1, used_gb=8), load(2, used_gb=6), load(2, gpu2, used_gb=2), load(3, used_gb=2),
+             load(4, used_gb=4), load(5, used_gb=40), load(6, used_gb=2, free=1)]
+    c = suggest("NVIDIA L40S-24Q", loads, held, names)
+    assert c == {"host": "b", "gpu": gpu, "type": "L40S-24Q", "moves": 1, "start": 24, "vms": ["b2"], "free_gb": 42}
+    assert hint(c) == (f"{gpu} on b is fragmented: `vgpumgr gpu compact {gpu} --for L40S-24Q` (on b) frees a start "
+                       "by moving 1 VM")
+    c = suggest("L40S-24Q", [load(1, used_gb=8), load(3, used_gb=2)], held, names)
+    assert (c["host"], c["moves"], c["start"], c["vms"]) == ("a", 2, 0, ["a1", "a2"])
+    assert "by moving 2 VMs" in hint(c)
+    assert suggest("L40S-24Q", loads[2:], held, names) is None

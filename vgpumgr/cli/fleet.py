@@ -190,7 +190,8 @@ def place(args: argparse.Namespace, out: TextIO) -> int:
                   f"(GPU {', '.join(c.gpus)}; {c.endpoint or 'no endpoint published'}): {c.why}\n")
     if d.choice is None:
         if not (args.explain or args.json):
-            raise NoCapacity(f"no host can take {req.type} now: {d.summary()}", hint="add --explain for every host")
+            raise NoCapacity(f"no host can take {req.type} now: {d.summary()}",
+                             hint=(_compact_hint(d) + "; " if d.compact else "") + "add --explain for every host")
         return NoCapacity.exit_code
     return 0
 
@@ -210,7 +211,13 @@ def explain(d: Any) -> str:
 
     buf = io.StringIO()
     table(buf, ["RESULT", "HOST", "GPUS", "WHY"], rows, empty="no host has published yet")
-    return "\n".join(lines) + "\n" + buf.getvalue()
+    return "\n".join(lines) + "\n" + buf.getvalue() + (f"hint: {_compact_hint(d)}\n" if d.compact else "")
+
+
+def _compact_hint(d: Any) -> str:
+    from vgpumgr.fleet.fragmented import hint
+
+    return hint(d.compact)
 
 
 def publish(args: argparse.Namespace, out: TextIO) -> int:

@@ -64,11 +64,15 @@ def slots(args: argparse.Namespace, out: TextIO) -> int:
 def compact(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.ops import compact as compact_ops
 
-    plan = compact_ops.plan(_service(args), args.gpu, args.type)
-    if args.apply and plan["moves"]:
-        plan = compact_ops.apply(_service(args), plan)
+    svc = _service(args)
+    plan = compact_ops.plan(svc, args.gpu, args.type)
+    if args.apply:
+        plan = compact_ops.apply(svc, plan)
     if args.json:
         dump_json(out, plan)
     else:
         out.write(compact_ops.text(plan))
+    err = compact_ops.failure(plan)
+    if err is not None:
+        raise err  # after the output: what was moved is shown, the error says what stopped it
     return 0 if plan["feasible"] else 4

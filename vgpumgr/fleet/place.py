@@ -91,12 +91,14 @@ class FleetDecision:
     request: FleetRequest
     migrating: Migrating | None = None
     boards: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)  # host -> usable (model, board)
+    compact: dict[str, Any] | None = None  # no host fits: a fragmented GPU `gpu compact` frees a start on
 
     def as_dict(self) -> dict[str, Any]:
         return {"choice": _json(self.choice) if self.choice else None,
                 "ranked": [_json(c) for c in self.ranked], "rejected": [r._asdict() for r in self.rejected],
                 "considered": self.considered, "request": asdict(self.request),
-                "migrating": ({"vm": self.migrating.vm, "from": self.migrating.host} if self.migrating else None)}
+                "migrating": ({"vm": self.migrating.vm, "from": self.migrating.host} if self.migrating else None),
+                "compact": self.compact}
 
     def summary(self) -> str:
         return "; ".join(f"{r.host}: {r.reason}" for r in self.rejected) or "no host has published anything"

@@ -6,6 +6,7 @@ vgpumgr.fleet.place. Nothing here allocates: the chosen host's own service does,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from vgpumgr import compat, ids
@@ -164,7 +165,21 @@ def place(svc: Context, request: fleet_place.FleetRequest) -> fleet_place.FleetD
         d = fleet_place.place(rows, store.offer_groups(s, request.type), request, migrating)
         first = {h.name: h.host_id for h in rows if any(c.host == h.name for c in d.ranked[:SHOW_GPUS_OF])}
         gpus = store.open_gpus(s, request.type, list(first.values()))
+        if d.choice is None and request.count == 1:
+            d = replace(d, compact=_fragmented(s, request, d, rows))
     return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
+
+
+def _fragmented(s: Any, request: fleet_place.FleetRequest, d: fleet_place.FleetDecision,
+                rows: list[store.HostRow]) -> dict[str, Any] | None:
+    """No host fits: of the hosts without capacity, the GPU whose `gpu compact` frees a start with fewest moves."""
+    from vgpumgr.fleet import fragmented
+
+    full = {r.host for r in d.rejected if r.code == fleet_place.NO_CAPACITY}
+    names = {h.host_id: h.name for h in rows if h.name in full}
+    loads = [g for g in fragmented.loads(s, request.type, list(names)) if fragmented.roomy(g)]
+    held = fragmented.vgpus(s, sorted({g.host_id for g in loads}))  # only the hosts with GB to spare
+    return fragmented.suggest(request.type, loads, held, names)
 
 
 def _migrating(s: Any, request: fleet_place.FleetRequest, rows: list[store.HostRow]) -> fleet_place.Migrating | None:

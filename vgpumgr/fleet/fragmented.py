@@ -1,0 +1,114 @@
+"""`fleet place`'s hint when no host can take a type: a GPU in NVIDIA's mixed-size mode with the GB free for it
+whose starts are only fragmented, and the fewest moves `vgpumgr gpu compact` there would need, across the fleet.
+
+Computed from what the hosts share: each GPU's published rows (every type's framebuffer, free and used: the
+region and the GB in use) and the live allocations' recorded placement IDs (recorded only in mixed-size mode).
+A GPU any of whose vGPUs has no recorded placement ID is not judged. It only names where to look: that host's
+own `gpu compact` plans the moves and finds their destinations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.orm import Session
+
+from vgpumgr import ids
+from vgpumgr import placement_ids as pid
+from vgpumgr.db.models import LIVE_STATES, Allocation, Vm
+from vgpumgr.fleet.store import type_match
+
+
+class GpuLoad(NamedTuple):
+    """One published GPU offering the wanted type."""
+
+    host_id: int
+    gpu: str
+    region_mb: int | None  # its largest type's framebuffer: the whole GPU
+    used_mb: int  # framebuffer of the vGPUs on it
+    free: int  # free instances of the wanted type
+    max: int | None  # the wanted type's equal-size maximum
+    name: str  # the wanted type's name on that GPU
+    framebuffer_mb: int | None  # the wanted type's
+
+
+def loads(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuLoad]:
+    if not host_ids:
+        return []
+    sql = text("SELECT host_id, gpu, max(framebuffer_mb), sum(used * coalesce(framebuffer_mb, 0)), "
+               "sum(CASE WHEN short = :short THEN free ELSE 0 END), max(CASE WHEN short = :short THEN max END), "
+               "min(CASE WHEN short = :short THEN name END), min(CASE WHEN short = :short THEN framebuffer_mb END) "
+               "FROM fleet_capacity WHERE host_id IN :ids GROUP BY host_id, gpu "
+               "HAVING sum(CASE WHEN short = :short THEN 1 ELSE 0 END) > 0 ORDER BY host_id, gpu"
+               ).bindparams(bindparam("ids", expanding=True))
+    return [GpuLoad(r[0], r[1], r[2], int(r[3] or 0), int(r[4] or 0), r[5], r[6], r[7])
+            for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]
+
+
+def roomy(g: GpuLoad) -> bool:
+    """No free instance of the wanted type, yet the GB for one: worth reading its vGPUs' placements."""
+    return (g.free == 0 and bool(g.region_mb and g.framebuffer_mb)
+            and g.region_mb - g.used_mb >= (g.framebuffer_mb or 0))
+
+
+Held = tuple[int | None, int | None, str | None]  # a vGPU's placement ID, framebuffer MB and VM
+
+
+def vgpus(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Held]]:
+    """(host id, GPU) -> its live vGPUs as (placement ID or None, framebuffer MB, VM name or None)."""
+    if not host_ids:
+        return {}
+    q = (select(Allocation.host_id, Allocation.type_name, Allocation.detail, Vm.name)
+         .outerjoin(Vm, Vm.id == Allocation.vm_id)
+         .where(Allocation.host_id.in_(list(host_ids)), Allocation.state.in_(LIVE_STATES)))
+    out: dict[tuple[int, str], list[Held]] = {}
+    for host_id, type_name, detail, vm in s.execute(q):
+        d = detail or {}
+        if not d.get("gpu"):
+            continue
+        fb = d.get("framebuffer_mb")
+        if fb is None:
+            parsed = ids.parse_type_name(type_name or "")
+            fb = int(parsed.framebuffer_gb * 1024) if parsed else None
+        out.setdefault((host_id, d["gpu"]), []).append((d.get("placement_id"), fb, vm))
+    return out
+
+
+def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, str], Sequence[Any]],
+            host_names: Mapping[int, str]) -> dict[str, Any] | None:
+    """Pure: the GPU with room in GB for `type_name` but no free start whose `gpu compact` needs the fewest moves
+    (then the fewest GB moved, then host and GPU by name); None when no GPU is only fragmented."""
+    from vgpumgr.ops.compact import fewest_moves
+    from vgpumgr.placement_mixed import _arch
+
+    best: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    for g in gpus:
+        mine = held.get((g.host_id, g.gpu)) or []
+        if g.free > 0 or not g.region_mb or not g.framebuffer_mb or not mine:
+            continue
+        if any(p is None or fb is None for p, fb, _vm in mine):
+            continue  # equal-size mode, or a vGPU whose place is not known: not judged
+        region, size_gb = g.region_mb // 1024, max(g.framebuffer_mb // 1024, 1)
+        arch = _arch(g.name)
+        size = pid.placement_size(region, size_gb, arch)
+        taken = [(int(p), pid.placement_size(region, max(fb // 1024, 1), arch), vm) for p, fb, vm in mine]
+        if region - sum(t[1] for t in taken) < size:
+            continue  # full, not fragmented
+        found = fewest_moves(pid.supported(region, size_gb, g.max, arch), size, taken)
+        if found is None or found[0] == 0:
+            continue  # a start is free: something else (no free VF) keeps the type out
+        moves, gb, start, way = found
+        host = host_names.get(g.host_id, "?")
+        key = (moves, gb, host, g.gpu)
+        if best is None or key < best[0]:
+            best = key, {"host": host, "gpu": g.gpu, "type": type_match(type_name), "moves": moves, "start": start,
+                         "vms": [vm for _p, _s, vm in way], "free_gb": region - sum(t[1] for t in taken)}
+    return best[1] if best else None
+
+
+def hint(c: Mapping[str, Any]) -> str:
+    n = c["moves"]
+    return (f"{c['gpu']} on {c['host']} is fragmented: `vgpumgr gpu compact {c['gpu']} --for {c['type']}` "
+            f"(on {c['host']}) frees a start by moving {n} VM{'s' if n != 1 else ''}")
