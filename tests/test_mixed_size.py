@@ -347,7 +347,8 @@ def test_equal_mode_on_ada_r570_shows_homogeneous_placements(cli) -> None:  # no
     assert "equal-size vGPU mode (homogeneous placement IDs), 24 of 48 GB placed" in out and "map  AAAAAAAAAAAAB" in out
     assert cli("vm", "delete", "a")[0] == 0
     assert _facts(cli)["types"]["1153"]["creatable"] == [0, 24, 36]
-    assert cli("vm", "create", "c", "--vgpu", "L40S-12Q")[0] == 0  # placement policy unchanged: the driver's 0
+    rc, out, err = cli("vgpu", "--type", "L40S-12Q", "--vm", "c", "--json")  # the answer names it at once
+    assert rc == 0 and (json.loads(out)["placement_id"], json.loads(out)["placement_by"]) == (0, "driver"), err
     assert {a["vm"]: a["placement_id"] for a in json.loads(cli("placements", "--json")[1])} == {"b": 12, "c": 0}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import update
+from sqlalchemy.orm.attributes import set_committed_value
 
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
@@ -40,22 +41,24 @@ def give(svc: Context, row_id: int, choice: Any, uuid: str | None) -> int | None
     return got.placement_id
 
 
-def observe(svc: Context, row_id: int, choice: Any, uuid: str | None) -> int | None:
+def observe(svc: Context, row: AllocRow, choice: Any, uuid: str | None) -> int | None:
     """A vGPU made without a placement ID asked for: the one the driver gave it (`nvidia/placement_id`), recorded
-    as the driver's; None (nothing recorded) where the driver shows none (pre-Ada or R550 in equal-size mode)."""
+    as the driver's (on `row` too); None (nothing recorded) where the driver shows none (pre-Ada or R550 in
+    equal-size mode, another vendor's device)."""
     d = pid_backend.device_dir(svc.host, uuid=uuid if choice.backend == BACKEND_MDEV else None,
                                vf=None if choice.backend == BACKEND_MDEV else choice.parent)
     got = read_placement(d)
     if got is not None:
-        record(svc, row_id, got, "placement_id", by_driver=True)
+        set_committed_value(row, "detail", record(svc, row.id, got, "placement_id", by_driver=True))
     return got
 
 
 def record(svc: Context, row_id: int, placement_id: int | None, interface: str, *, by_driver: bool = False
-           ) -> None:
+           ) -> dict[str, Any]:
     with svc.tx() as s:
         row = s.get(AllocRow, row_id)
         detail = dict(row.detail or {}) | {"placement_id": placement_id, "placement_interface": interface}
         if by_driver:
             detail["placement_by"] = "driver"
         s.execute(update(AllocRow).where(AllocRow.id == row_id).values(detail=detail))
+    return detail
