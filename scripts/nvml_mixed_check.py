@@ -39,6 +39,9 @@ def main() -> int:
             raw["nvmlDeviceGetMigMode"] = answer(pynvml, "nvmlDeviceGetMigMode", h)
             for fn in ("nvmlDeviceGetVgpuTypeSupportedPlacements", "nvmlDeviceGetVgpuTypeCreatablePlacements"):
                 raw[f"{fn}(1131)"] = answer(pynvml, fn, h, 1131)
+            # the homogeneous (equal-size) list: v2 with mode=1 (nvidia-ml-py 12.570+; older: a TypeError kept)
+            raw["nvmlDeviceGetVgpuTypeSupportedPlacements(1131, mode=1, version=2)"] = answer(
+                pynvml, "nvmlDeviceGetVgpuTypeSupportedPlacements", h, 1131, 1, 2)
             raw["nvmlVgpuInstanceGetPlacementId(1)"] = answer(pynvml, "nvmlVgpuInstanceGetPlacementId", 1)
             report["gpus"][bus] = {"name": pynvml.nvmlDeviceGetName(h), "raw": raw,
                                    "vgpumgr": nvml_mixed.read(pynvml, h, [1131])}

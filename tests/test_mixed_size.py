@@ -279,8 +279,9 @@ def test_real_h100_without_a_vgpu_manager_is_unknown_not_an_error() -> None:
 
     n = Replay()
     assert {k for k, a in raw.items() if a.get("error") == pynvml.NVML_ERROR_NOT_SUPPORTED} >= {
-        "nvmlDeviceGetVgpuCapabilities(2)", "nvmlDeviceGetVgpuHeterogeneousMode"}
-    assert nvml_mixed.read(n, object(), [1131]) == {"capable": None, "mode": None, "types": {}}
+        "nvmlDeviceGetVgpuCapabilities(2)", "nvmlDeviceGetVgpuCapabilities(9)", "nvmlDeviceGetVgpuHeterogeneousMode"}
+    assert nvml_mixed.read(n, object(), [1131]) == {"capable": None, "mode": None, "types": {},
+                                                    "homogeneous_capable": None, "placements": None}
     assert nvml_mixed.instance_placement(n, 1) is None
     try:
         nvml_mixed.set_mode(n, object(), True)
@@ -305,3 +306,158 @@ def test_discovery_reads_types_and_running_placements_in_mixed_mode(cli) -> None
     assert facts["capable"] is True and facts["mode"] == "mixed"
     assert facts["types"]["1155"] == {"placement_size": 24, "supported": [0, 24], "creatable": [0]}
     assert facts["running"] == [{"mdev_uuid": None, "type_id": 1153, "placement_id": 36}]
+
+
+# -- equal-size mode: homogeneous placement IDs (Ada and newer, R570+) ------------------------------
+
+def _facts(cli) -> dict:  # noqa: ANN001
+    rc, out, err = cli("gpus", "--json")
+    assert rc == 0, err
+    return next(g for g in json.loads(out) if g["address"] == L40S)["nvml"]["vgpu"]["mixed_size"]
+
+
+def test_equal_mode_on_ada_r570_shows_homogeneous_placements(cli) -> None:  # noqa: ANN001
+    f = _facts(cli)
+    assert (f["mode"], f["homogeneous_capable"], f["placements"]) == ("equal", True, "homogeneous")
+    # j * size for j < max_instance, not the mixed-size lists (16Q: 0, 32 there; 12Q is the same in both)
+    assert f["types"]["1153"] == {"placement_size": 12, "supported": [0, 12, 24, 36], "creatable": [0, 12, 24, 36]}
+    assert f["types"]["1154"]["supported"] == [0, 16, 32] and f["types"]["1152"]["supported"] == [0, 8, 16, 24, 32, 40]
+    for vm in ("a", "b"):
+        rc, _, err = cli("vm", "create", vm, "--vgpu", "L40S-12Q")
+        assert rc == 0, err
+    # the driver reserved the first creatable ID of each at creation; the records say so, as the driver's
+    placed = {a["vm"]: a for a in json.loads(cli("placements", "--json")[1])}
+    assert {vm: (a["placement_id"], a["placement_by"]) for vm, a in placed.items()} == {
+        "a": (0, "driver"), "b": (12, "driver")}
+    assert placement_files(cli.root) == {placed["a"]["pci_address"]: "0", placed["b"]["pci_address"]: "12"}
+    f = _facts(cli)  # creatable shrink; every other size has none while a 12 GB vGPU exists
+    assert f["types"]["1153"]["creatable"] == [24, 36] and f["types"]["1163"]["creatable"] == [24, 36]
+    assert f["types"]["1155"]["creatable"] == [] and f["types"]["1150"]["creatable"] == []
+    assert f["running"] == []  # no VM started: NVML has no active vGPU to ask
+    rc, out, err = cli("gpu", "slots", L40S, "--json")
+    assert rc == 0, err
+    m = json.loads(out)
+    assert (m["mode"], m["placements"], m["used_gb"]) == ("equal", "homogeneous", 24)
+    assert [(v["placement_id"], v["size"], v["vgpu"]) for v in m["vgpus"]] == [
+        (0, 12, "L40S-12Q of a"), (12, 12, "L40S-12Q of b")]
+    by_name = {t["name"].split()[-1]: t for t in m["types"]}
+    assert by_name["L40S-12Q"]["supported"] == [0, 12, 24, 36] and by_name["L40S-12Q"]["creatable"] == [24, 36]
+    assert by_name["L40S-16Q"]["supported"] == [0, 16, 32] and by_name["L40S-16Q"]["creatable"] == []
+    rc, out, _ = cli("gpu", "slots", L40S)
+    assert "equal-size vGPU mode (homogeneous placement IDs), 24 of 48 GB placed" in out and "map  AAAAAAAAAAAAB" in out
+    assert cli("vm", "delete", "a")[0] == 0
+    assert _facts(cli)["types"]["1153"]["creatable"] == [0, 24, 36]
+    rc, out, err = cli("vgpu", "--type", "L40S-12Q", "--vm", "c", "--json")  # the answer names it at once
+    assert rc == 0 and (json.loads(out)["placement_id"], json.loads(out)["placement_by"]) == (0, "driver"), err
+    assert {a["vm"]: a["placement_id"] for a in json.loads(cli("placements", "--json")[1])} == {"b": 12, "c": 0}
+
+
+def test_restore_reads_the_driver_given_ids_again_without_asking(cli) -> None:  # noqa: ANN001
+    for vm in ("a", "b"):
+        assert cli("vm", "create", vm, "--vgpu", "L40S-12Q")[0] == 0
+    assert cli("vm", "delete", "a")[0] == 0  # b holds 12, 0 is free
+    assert cli("sim", "reboot")[0] == 0
+    rc, out, err = cli("restore")
+    assert rc == 0, out + err
+    assert "placement ID" not in out  # an equal-size ID is the driver's choice: never written
+    [b] = json.loads(cli("placements", "--json")[1])
+    held = placement_files(cli.root)
+    assert held == {b["pci_address"]: "0"}  # made again alone, it got the first creatable ID
+    assert (b["placement_id"], b["placement_by"]) == (0, "driver")  # and its record follows the driver
+
+
+def _r550(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
+    from vgpumgr.host import SIM_MARKER
+
+    monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
+    root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=4)
+    state = json.loads((root / SIM_MARKER).read_text())
+    state["gpus"][L40S]["driver_branch"] = 550
+    (root / SIM_MARKER).write_text(json.dumps(state))
+    return root, _cli_for(tmp_path, root)
+
+
+def test_r550_and_ampere_have_no_equal_mode_placements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpumgr.sim.nvml import create_state
+    from vgpumgr.sim.paths import nvml_state_path
+
+    root, cli = _r550(tmp_path / "r550", monkeypatch)
+    f = _facts(cli)
+    assert (f["mode"], f["homogeneous_capable"], f["placements"], f["types"]) == ("equal", False, None, {})
+    assert cli("vm", "create", "a", "--vgpu", "L40S-12Q")[0] == 0
+    [a] = json.loads(cli("placements", "--json")[1])
+    assert "placement_id" not in a and "placement_by" not in a
+    rc, out, _ = cli("gpu", "slots", L40S, "--json")
+    m = json.loads(out)
+    assert rc == 0 and (m["placements"], m["vgpus"], m["types"]) == (None, [], [])
+    assert "no placement IDs" in cli("gpu", "slots", L40S)[1]
+
+    a40 = "0000:41:00.0"  # Ampere: HETEROGENEOUS_TIMESLICE_SIZES, but no HOMOGENEOUS_PLACEMENTS
+    root = profiles.create(tmp_path / "a40/sim", "a40-sriov", vfs=4)
+    create_state(nvml_state_path(root), [("a40", a40)])
+    cli = _cli_for(tmp_path / "a40", root)
+    rc, out, _ = cli("gpus", "--json")
+    f = next(g for g in json.loads(out) if g["address"] == a40)["nvml"]["vgpu"]["mixed_size"]
+    assert (f["capable"], f["mode"], f["homogeneous_capable"], f["placements"], f["types"]) == (
+        True, "equal", False, None, {})
+
+
+def _l40s_nvml(tmp_path: Path, cls: type):  # noqa: ANN202
+    from vgpumgr.nvml import NvmlLayer
+    from vgpumgr.sim.paths import nvml_state_path
+
+    root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=4)
+    n = cls(nvml_state_path(root))
+    layer = NvmlLayer(n)
+    assert L40S in layer.gpus()
+    return n, layer._handle(L40S)
+
+
+def test_an_old_nvidia_ml_py_or_a_refusing_driver_gives_unknown_not_the_mixed_list(tmp_path: Path) -> None:
+    import pynvml
+
+    from vgpumgr import nvml_mixed
+    from vgpumgr.sim.nvml import SimNvml
+
+    class Pynvml12550(SimNvml):
+        """nvidia-ml-py 12.550-12.560: the placement calls take (handle, type id) only; v1 = heterogeneous list."""
+
+        def nvmlDeviceGetVgpuTypeSupportedPlacements(self, handle, type_id):  # noqa: ANN001, ANN202, N802
+            return super().nvmlDeviceGetVgpuTypeSupportedPlacements(handle, type_id)
+
+        def nvmlDeviceGetVgpuTypeCreatablePlacements(self, handle, type_id):  # noqa: ANN001, ANN202, N802
+            return super().nvmlDeviceGetVgpuTypeCreatablePlacements(handle, type_id)
+
+    n, h = _l40s_nvml(tmp_path / "new", SimNvml)
+    assert nvml_mixed.read(n, h, [1154])["types"] == {
+        "1154": {"placement_size": 16, "supported": [0, 16, 32], "creatable": [0, 16, 32]}}
+    n, h = _l40s_nvml(tmp_path / "old", Pynvml12550)
+    with pytest.raises(TypeError):  # the library really lacks the v2 call
+        n.nvmlDeviceGetVgpuTypeSupportedPlacements(h, 1154, mode=1, version=2)
+    assert _ids(n.nvmlDeviceGetVgpuTypeSupportedPlacements(h, 1154)) == [0, 32]  # v1: the mixed-size list
+    f = nvml_mixed.read(n, h, [1154])
+    assert f["placements"] == "homogeneous"
+    # supported unknown, never the v1 (heterogeneous) list; creatable is the driver's own answer in this mode
+    assert f["types"] == {"1154": {"placement_size": 16, "supported": None, "creatable": [0, 16, 32]}}
+
+    class RefusesHomogeneous(SimNvml):
+        def nvmlDeviceGetVgpuTypeSupportedPlacements(self, handle, type_id, mode=0, version=1):  # noqa: ANN001, ANN202, N802
+            if mode == 1:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return super().nvmlDeviceGetVgpuTypeSupportedPlacements(handle, type_id, mode, version)
+
+        def nvmlDeviceGetVgpuTypeCreatablePlacements(self, handle, type_id, version=1):  # noqa: ANN001, ANN202, N802
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    class WrongPolarity(SimNvml):  # answers the heterogeneous list whatever mode is asked for
+        def nvmlDeviceGetVgpuTypeSupportedPlacements(self, handle, type_id, mode=0, version=1):  # noqa: ANN001, ANN202, N802
+            return super().nvmlDeviceGetVgpuTypeSupportedPlacements(handle, type_id, 0, version)
+
+    n, h = _l40s_nvml(tmp_path / "refuses", RefusesHomogeneous)
+    assert nvml_mixed.read(n, h, [1154])["types"] == {}  # neither list: the type is left out, nothing guessed
+    n, h = _l40s_nvml(tmp_path / "polarity", WrongPolarity)
+    assert nvml_mixed.read(n, h, [1154])["types"]["1154"]["supported"] is None
+
+
+def _ids(lst) -> list[int]:  # noqa: ANN001
+    return [lst.placementIds[i] for i in range(lst.count)]

@@ -137,7 +137,8 @@ def test_replayed_h100_reports_identity_memory_and_passthrough() -> None:
     assert gpu["virtualization_mode"] == "passthrough"
     assert gpu["mig"]["supported"] and gpu["mig"]["current"] == gpu["mig"]["pending"] == "disabled"
     assert gpu["vgpu"] == {"supported_types": [], "creatable_type_ids": None, "heterogeneous_mode": None,
-                           "scheduler": None, "mixed_size": {"capable": None, "mode": None, "types": {}}}
+                           "scheduler": None, "mixed_size": {"capable": None, "mode": None, "types": {},
+                                                                 "homogeneous_capable": None, "placements": None}}
     assert {"host_vgpu_mode", "supported_vgpu_types", "scheduler"} <= set(gpu["not_supported"])
 
 
@@ -159,7 +160,8 @@ def test_layer_output_is_json_ready_and_matches_the_recording() -> None:
     layer = NvmlLayer(ReplayNvml(REAL))
     expected = json.loads(json.dumps(REAL["gpus"]))
     for g in expected.values():  # recorded before vgpumgr asked for mixed-size facts: NVML's answer is unknown
-        g["vgpu"]["mixed_size"] = {"capable": None, "mode": None, "types": {}}
+        g["vgpu"]["mixed_size"] = {"capable": None, "mode": None, "types": {}, "homogeneous_capable": None,
+                                   "placements": None}
     assert json.loads(json.dumps(layer.gpus())) == expected
     assert layer.driver()["driver_version"] == REAL["driver_version"]
 

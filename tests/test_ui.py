@@ -110,6 +110,17 @@ def test_slot_maps_match_vgpumgr_types(env: ApiEnv) -> None:
     assert len(re.findall(r'<tr id="vf-', env.client.get(f"/ui/gpus/{L40S}").text)) == 8
 
 
+def test_equal_mode_l40s_shows_its_homogeneous_placement_map(env: ApiEnv) -> None:
+    login(env, "auditor")
+    assert 'id="placement-map"' not in env.client.get(f"/ui/gpus/{T4}").text  # Turing: no placement IDs
+    env.service.allocate("L40S-8Q", vm="a")
+    html = env.client.get(f"/ui/gpus/{L40S}").text
+    assert "Placement map (equal-size mode, homogeneous placement IDs)" in html
+    assert len(re.findall(r'class="gb held', html)) == 8 and "<li>0–7: L40S-8Q of a</li>" in html
+    rows = dict(re.findall(r"<tr><td>NVIDIA (L40S-\d+Q)</td><td>\d+ GB</td><td>([^<]*)</td>", html))
+    assert rows["L40S-8Q"] == "8, 16, 24, 32, 40" and rows["L40S-12Q"] == "none"
+
+
 def test_mig_slices_match_vgpumgr_mig_list(env: ApiEnv) -> None:
     login(env, "auditor")
     cli(env, "mig", "create", A100, "3g.40gb")

@@ -26,22 +26,30 @@ def _arch(name: str) -> str:
     return pid.AMPERE if parsed and parsed.gpu in _AMPERE_GPUS else pid.ADA
 
 
-def _nvml_types(px: Any, phys: str) -> Mapping[str, Any]:
+def _nvml_types(px: Any, phys: str, homogeneous: bool = False) -> Mapping[str, Any]:
+    """Discovery's per-type placement lists, if they are of the kind asked for (facts from before `placements`
+    was recorded held heterogeneous lists only)."""
     gpu = px.gpus.get(phys)
     vgpu = (gpu.nvml or {}).get("vgpu") if gpu else None
     facts = vgpu.get("mixed_size") if isinstance(vgpu, Mapping) else None
     types = facts.get("types") if isinstance(facts, Mapping) else None
-    return types if isinstance(types, Mapping) else {}
+    if not isinstance(types, Mapping):
+        return {}
+    kind = facts.get("placements", "heterogeneous" if types else None)
+    return types if kind == ("homogeneous" if homogeneous else "heterogeneous") else {}
 
 
-def _slots(px: Any, phys: str, info: Any, region: int) -> tuple[int, tuple[int, ...]]:
-    """(placement size, supported IDs) of a type: NVML's lists where discovery read them, else the algorithm."""
+def _slots(px: Any, phys: str, info: Any, region: int, homogeneous: bool = False) -> tuple[int, tuple[int, ...]]:
+    """(placement size, supported IDs) of a type: NVML's lists where discovery read them, else the driver's rule
+    (mixed size: the partition algorithm; equal size on Ada+ with R570+: `j * size`)."""
     size_gb = max((info.framebuffer_mb or 0) // 1024, 1)
-    known = _nvml_types(px, phys).get(info.type[7:] if info.type.startswith("nvidia-") else info.type)
+    known = _nvml_types(px, phys, homogeneous).get(info.type[7:] if info.type.startswith("nvidia-") else info.type)
     if isinstance(known, Mapping) and known.get("supported") and known.get("placement_size"):
         return int(known["placement_size"]), tuple(int(p) for p in known["supported"])
     arch = _arch(info.name)
     maxi = info.max_instance or pid.equal_max(region, size_gb)
+    if homogeneous:
+        return pid.placement_size(region, size_gb, arch), pid.homogeneous(size_gb, min(maxi, region // size_gb))
     return pid.placement_size(region, size_gb, arch), pid.supported(region, size_gb, maxi, arch)
 
 
@@ -70,21 +78,23 @@ def _label(a: Any) -> str:
     return f"{short} of {a.vm}" if a.vm else f"{short} (no VM recorded)"
 
 
-def held(px: Any, phys: str, region: int, allocs: Sequence[Any]) -> list[tuple[int, int, str]]:
-    """(placement id, size, label) of the time-sliced vGPUs on the GPU; unknown IDs as the driver would give."""
+def held(px: Any, phys: str, region: int, allocs: Sequence[Any], homogeneous: bool = False
+         ) -> list[tuple[int, int, str]]:
+    """(placement id, size, label) of the time-sliced vGPUs on the GPU; unknown IDs as the driver would give.
+    `homogeneous`: the GPU is in equal-size mode with placement IDs (Ada+, R570+)."""
     known: list[tuple[int, int, str]] = []
     unknown: list[tuple[Any, Any]] = []
     for a in allocs:
         info = px.info(phys, a.type) or _alloc_info(a)
         if info.mig_profile or info.framebuffer_mb is None:
             continue
-        size, _ids = _slots(px, phys, info, region)
+        size, _ids = _slots(px, phys, info, region, homogeneous)
         if a.placement_id is not None:
             known.append((int(a.placement_id), size, _label(a)))
         else:
             unknown.append((a, info))
     for a, info in sorted(unknown, key=lambda x: (-(x[0].framebuffer_mb or 0), x[0].id)):
-        size, ids = _slots(px, phys, info, region)
+        size, ids = _slots(px, phys, info, region, homogeneous)
         start = pid.first_free(region, [(p, s) for p, s, _ in known], ids, size)
         if start is not None:
             known.append((start, size, _label(a)))

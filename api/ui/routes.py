@@ -156,11 +156,12 @@ def gpu_page(request: Request, address: str, svc: Service = Depends(service), _:
 
 
 def _placement_map(svc: Service, address: str) -> dict[str, Any] | None:
-    """Mixed-size mode: the GPU's placement map (vgpumgr.ops.slot_map), one cell per GB; None otherwise."""
+    """Mixed-size mode, or equal-size mode with homogeneous placement IDs (Ada+, R570+): the GPU's placement map
+    (vgpumgr.ops.slot_map), one cell per GB; None otherwise."""
     from vgpumgr.ops import slot_map
 
     m = slot_map.slot_map(svc, address)
-    if m["mode"] != "mixed":
+    if m["mode"] != "mixed" and m.get("placements") != "homogeneous":
         return None
     row = slot_map.cells(m)
     order = {label: n % 8 for n, label in enumerate(dict.fromkeys(c for c in row if c))}

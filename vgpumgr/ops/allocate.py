@@ -138,6 +138,8 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
             nvidia_vf.set_type(svc.host, c.parent, c.type)
         if c.placement_id is not None:
             placement_apply.give(svc, row.id, c, new_uuid)
+        elif c.backend in (BACKEND_MDEV, BACKEND_NVIDIA_VF):  # equal size on Ada+/R570+: the driver's own choice
+            placement_apply.observe(svc, row, c, new_uuid)
     except BaseException as e:
         _rollback_allocation(svc, row.id, e, actor)
         svc.invalidate()

@@ -47,6 +47,7 @@ def allocation_dict(a: AllocRow, s: Session | None = None, vm_name: str | None |
         "state": a.state, "idempotency_key": a.idempotency_key, "kernel_owner": detail.get("kernel_owner"),
         "licence": _edition(session, a.lease_id) if session is not None and a.lease_id else None,
         **({"placement_id": detail["placement_id"]} if detail.get("placement_id") is not None else {}),
+        **({"placement_by": detail["placement_by"]} if detail.get("placement_by") else {}),  # "driver": equal size
         "created_at": _iso(a.created_at), "activated_at": _iso(a.activated_at), "released_at": _iso(a.released_at),
         **({"mig_profile": detail["mig_profile"]} if detail.get("mig_profile") else {}),
         # a live migration's reservation here until the domain arrives (see ops/incoming.py)

@@ -88,7 +88,9 @@ def desired(svc: Context, profile: BootProfile | None) -> dict[str, Want]:
     for gpu, intent in scheduler_ops.intents(svc.cfg).items():  # the vGPU scheduler NVML forgot at the reboot
         want(gpu).scheduler = intent
     for a in allocations(svc, live=True):
-        if a.get("placement_id") is not None:
+        if a.get("placement_id") is not None and a.get("placement_by") == "driver":  # equal size: read, not asked
+            want(a["gpu"] or a["parent"]).observed[a["uuid"] or a["pci_address"]] = a["id"]
+        elif a.get("placement_id") is not None:
             want(a["gpu"] or a["parent"]).placements[a["uuid"] or a["pci_address"]] = a["placement_id"]
         if a["kernel_owner"] and a["pci_address"]:  # the VF must exist; its type is written at the VM's start
             want(a["gpu"] or a["parent"]).owned_vfs.append(a["pci_address"])

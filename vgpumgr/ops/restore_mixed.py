@@ -50,8 +50,16 @@ def vgpu_mode(run: Any) -> None:
 
 
 def placement(run: Any, target: str, want: int | None, *, uuid: str | None = None, vf: str | None = None) -> None:
-    """Give the vGPU `target` (mdev UUID or VF) its recorded placement ID `want` again, and read it back."""
+    """Give the vGPU `target` (mdev UUID or VF) its recorded placement ID `want` again, and read it back. One whose
+    recorded ID the driver chose (equal-size mode) is not asked for: its record takes what the driver gives now."""
     if want is None:
+        row = getattr(run.w, "observed", {}).get(target)
+        if row is not None and not run.dry_run:
+            from vgpumgr.discovery.placement_id import placement_id as read_placement
+            from vgpumgr.ops import placement_apply
+
+            got = read_placement(pid_backend.device_dir(run.host, uuid=uuid, vf=vf))
+            placement_apply.record(run.svc, row, got, "placement_id", by_driver=True)
         return
     d = pid_backend.device_dir(run.host, uuid=uuid, vf=vf)
     if run.dry_run:

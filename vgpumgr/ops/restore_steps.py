@@ -43,6 +43,7 @@ class Want:
     owned_vfs: list[str] = field(default_factory=list)  # VFs whose type another manager (Proxmox) writes
     vgpu_mode: str | None = None  # NVIDIA mixed/equal-size mode as `vgpumgr gpu mode` recorded it
     placements: dict[str, int] = field(default_factory=dict)  # VF or mdev UUID -> recorded placement ID
+    observed: dict[str, int] = field(default_factory=dict)  # VF or mdev UUID -> allocation id: driver-given ID
     vendor: dict[str, Any] = field(default_factory=dict)  # vendor mode steps (vendor_steps.py), by step
     scheduler: dict[str, Any] | None = None  # the recorded vGPU scheduler (vgpumgr.ops.scheduler.intents)
 

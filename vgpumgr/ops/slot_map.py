@@ -1,6 +1,11 @@
 """One GPU's placement map in mixed-size mode: which GB slots each vGPU holds (and whose VM it is), and per
 type its supported and creatable placement IDs, counted from the same rules placement uses (not from
-framebuffer arithmetic). `vgpumgr gpu slots`, GET /v1/gpus/{address}/slots and the web view show it."""
+framebuffer arithmetic). `vgpumgr gpu slots`, GET /v1/gpus/{address}/slots and the web view show it.
+
+In equal-size mode a GPU has placement IDs only where NVML says so (HOMOGENEOUS_PLACEMENTS: Ada and newer, R570+):
+then the map shows the homogeneous starts (`j * size`), which are taken, and, once a vGPU exists, only its size's
+starts as creatable (the driver's equal-size rule). Without them (`placements` None) there is no map: no
+placement IDs exist in that mode (pre-Ada, R550) or NVML cannot tell."""
 
 from __future__ import annotations
 
@@ -27,22 +32,27 @@ def slot_map(svc: Context, gpu: str) -> dict[str, Any]:
     mine = [a for a in allocs if (a.gpu or px.physical(a.parent)) == gpu]
     facts = (((px.gpus[gpu].nvml or {}).get("vgpu") or {}).get("mixed_size") or {})
     region_mb = px.region_mb(gpu)
-    out: dict[str, Any] = {"gpu": gpu, "mode": facts.get("mode"), "capable": facts.get("capable"),
+    mode = facts.get("mode")
+    homogeneous = mode == "equal" and facts.get("placements") == "homogeneous"
+    out: dict[str, Any] = {"gpu": gpu, "mode": mode, "capable": facts.get("capable"),
+                           "placements": "homogeneous" if homogeneous else ("heterogeneous" if mode == "mixed" else
+                                                                           facts.get("placements")),
                            "region_gb": region_mb // 1024 if region_mb else None, "vgpus": [], "types": []}
-    if not region_mb:
+    if not region_mb or (mode == "equal" and not homogeneous):  # equal size without placement IDs: no map
         return out
     region = region_mb // 1024
-    taken = held(px, gpu, region, mine)
+    taken = held(px, gpu, region, mine, homogeneous)
     out["vgpus"] = [{"placement_id": p, "size": s, "vgpu": label} for p, s, label in taken]
     occupied = [(p, s) for p, s, _ in taken]
     for info in sorted(px.catalogue.get(px.model_of(gpu), {}).values(),
                        key=lambda i: (-(i.framebuffer_mb or 0), i.name)):
         if not info.framebuffer_mb or info.mig_profile:
             continue
-        size, supported = _slots(px, gpu, info, region)
+        size, supported = _slots(px, gpu, info, region, homogeneous)
+        other_size = homogeneous and any(s != size for _, s in occupied)  # equal size: only the first vGPU's size
         out["types"].append({"type": info.type, "name": info.name, "placement_size": size,
                              "supported": list(supported),
-                             "creatable": pid.creatable(region, supported, size, occupied)})
+                             "creatable": [] if other_size else pid.creatable(region, supported, size, occupied)})
     out["used_gb"] = sum(s for _, s in occupied)
     return out
 
@@ -57,7 +67,11 @@ def cells(m: dict[str, Any]) -> list[str | None]:
 
 
 def text(m: dict[str, Any]) -> str:
-    lines = [f"{m['gpu']}: {m['mode'] or 'unknown'}-size vGPU mode, {m.get('used_gb', 0)} of "
+    if m["mode"] == "equal" and m.get("placements") != "homogeneous":
+        return (f"{m['gpu']}: equal-size vGPU mode, no placement IDs (NVML shows them in equal-size mode on Ada "
+                "and newer GPUs with R570+ drivers only)\n")
+    kind = " (homogeneous placement IDs)" if m.get("placements") == "homogeneous" else ""
+    lines = [f"{m['gpu']}: {m['mode'] or 'unknown'}-size vGPU mode{kind}, {m.get('used_gb', 0)} of "
              f"{m['region_gb'] or '?'} GB placed"]
     row = cells(m)
     if row:

@@ -3,8 +3,9 @@
 State per physical GPU in the simulator's state file: `heterogeneous` (mixed-size mode), `arch`, `driver_branch`
 and `placements` = {VF address or mdev UUID: [type id, placement id]}. What the driver does:
 - R570+: a vGPU gets the first creatable placement ID when it is created (mdev made / current_vgpu_type
-  written), in mixed-size mode and, on Ada and newer, in equal-size mode (homogeneous IDs); `nvidia/placement_id`
-  reads it and a write moves it to another creatable ID; removal frees it.
+  written), in mixed-size mode and, on Ada and newer, in equal-size mode (homogeneous IDs: `j * size`; while a
+  vGPU exists only its placement size has creatable IDs); `nvidia/placement_id` reads it and a write moves it to
+  another creatable ID; removal frees it.
 - R550: no `placement_id` file; `vgpu-placement-id=<id>` in `nvidia/vgpu_params` names it. The driver takes the
   placement when the vGPU is registered; the simulator registers at creation (a VF's params are written before
   its type) and applies a later params write at once where the ID is creatable.
@@ -61,8 +62,14 @@ def occupied(gpu: dict[str, Any]) -> list[tuple[int, int]]:
 
 
 def creatable_ids(gpu: dict[str, Any], t: dict[str, Any], mixed: bool | None = None) -> list[int]:
+    """Mixed size: the IDs whose range is free. Equal size (homogeneous IDs): the free IDs of types of the first
+    vGPU's placement size; every other size has none while a vGPU exists (the driver invalidates them)."""
+    mixed = gpu.get("heterogeneous", False) if mixed is None else mixed
     size, ids = slots(gpu, t, mixed)
-    return pid.creatable(region(gpu), ids, size, occupied(gpu))
+    taken = occupied(gpu)
+    if not mixed and any(s != size for _, s in taken):
+        return []
+    return pid.creatable(region(gpu), ids, size, taken)
 
 
 def tracked(gpu: dict[str, Any]) -> bool:
