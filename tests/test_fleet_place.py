@@ -142,3 +142,11 @@ def test_the_fragmented_mixed_size_gpu_needing_the_fewest_moves_is_named() -> No
     assert (c["host"], c["moves"], c["start"], c["vms"]) == ("a", 2, 0, ["a1", "a2"])
     assert "by moving 2 VMs" in hint(c)
     assert suggest("L40S-24Q", loads[2:], held, names) is None
+
+
+def test_a_placement_id_the_driver_gave_in_equal_size_mode_is_not_read_as_a_mixed_size_layout() -> None:
+    from vgpumgr.fleet.fragmented import chosen_start
+
+    assert chosen_start({"placement_id": 24, "placement_interface": "placement_id"}) == 24
+    assert chosen_start({"placement_id": 0, "placement_interface": "placement_id", "placement_by": "driver"}) is None
+    assert chosen_start({"gpu": "0000:3d:00.0"}) is None

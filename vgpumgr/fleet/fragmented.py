@@ -2,9 +2,10 @@
 whose starts are only fragmented, and the fewest moves `vgpumgr gpu compact` there would need, across the fleet.
 
 Computed from what the hosts share: each GPU's published rows (every type's framebuffer, free and used: the
-region and the GB in use) and the live allocations' recorded placement IDs (recorded only in mixed-size mode).
-A GPU any of whose vGPUs has no recorded placement ID is not judged. It only names where to look: that host's
-own `gpu compact` plans the moves and finds their destinations.
+region and the GB in use) and the live allocations' placement IDs as vgpumgr chose them (in mixed-size mode
+only; in equal-size mode a record holds at most the driver's own, marked as such). A GPU any of whose vGPUs has
+no chosen placement ID is not judged. It only names where to look: that host's own `gpu compact` plans the
+moves and finds their destinations.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def roomy(g: GpuLoad) -> bool:
 Held = tuple[int | None, int | None, str | None]  # a vGPU's placement ID, framebuffer MB and VM
 
 
+def chosen_start(detail: Mapping[str, Any]) -> int | None:
+    """The placement ID vgpumgr chose for a vGPU (mixed-size mode); None for one the driver gave in equal-size
+    mode (Ada+/R570+), which says nothing of a mixed-size layout."""
+    return None if detail.get("placement_by") == "driver" else detail.get("placement_id")
+
+
 def vgpus(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Held]]:
     """(host id, GPU) -> its live vGPUs as (placement ID or None, framebuffer MB, VM name or None)."""
     if not host_ids:
@@ -72,7 +79,7 @@ def vgpus(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Hel
         if fb is None:
             parsed = ids.parse_type_name(type_name or "")
             fb = int(parsed.framebuffer_gb * 1024) if parsed else None
-        out.setdefault((host_id, d["gpu"]), []).append((d.get("placement_id"), fb, vm))
+        out.setdefault((host_id, d["gpu"]), []).append((chosen_start(d), fb, vm))
     return out
 
 
