@@ -173,3 +173,17 @@ def blockers(ids: Iterable[int], size: int, held: Sequence[tuple[int, int, str]]
                 out.append((p, label))
                 break
     return out
+
+
+def fewest_moves(supported: Sequence[int], size: int, vgpus: Sequence[tuple[int, int, str | None]]
+                 ) -> tuple[int, int, int, list[tuple[int, int, str | None]]] | None:
+    """(moves, GB moved, start, the vGPUs in its way) of the start of a type of placement size `size` that
+    needs the fewest moves (then the fewest GB, then the lowest start); `vgpus`: (placement id, size, VM or
+    None). A start held by a vGPU without a VM cannot be freed by a migration; None when no start can."""
+    options = []
+    for s in supported:
+        way = [v for v in vgpus if v[0] < s + size and s < v[0] + v[1]]
+        if any(v[2] is None for v in way):
+            continue
+        options.append((len(way), sum(v[1] for v in way), s, way))
+    return min(options, key=lambda o: o[:3]) if options else None

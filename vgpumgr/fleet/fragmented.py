@@ -87,7 +87,6 @@ def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, st
             host_names: Mapping[int, str]) -> dict[str, Any] | None:
     """Pure: the GPU with room in GB for `type_name` but no free start whose `gpu compact` needs the fewest moves
     (then the fewest GB moved, then host and GPU by name); None when no GPU is only fragmented."""
-    from vgpumgr.ops.compact import fewest_moves
     from vgpumgr.placement_mixed import _arch
 
     best: tuple[tuple[Any, ...], dict[str, Any]] | None = None
@@ -103,7 +102,7 @@ def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, st
         taken = [(int(p), pid.placement_size(region, max(fb // 1024, 1), arch), vm) for p, fb, vm in mine]
         if region - sum(t[1] for t in taken) < size:
             continue  # full, not fragmented
-        found = fewest_moves(pid.supported(region, size_gb, g.max, arch), size, taken)
+        found = pid.fewest_moves(pid.supported(region, size_gb, g.max, arch), size, taken)
         if found is None or found[0] == 0:
             continue  # a start is free: something else (no free VF) keeps the type out
         moves, gb, start, way = found

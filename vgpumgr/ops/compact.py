@@ -2,43 +2,29 @@
 that free a placement of TYPE.
 
 For every start of TYPE the vGPUs in its way are the moves it needs; the start needing the fewest (then the
-fewest GB moved) wins (`fewest_moves`, pure: `fleet place` uses it on what the hosts published). Every VM to
-move needs a destination: the fleet's first choice for it (`fleet place --vm`, as `host drain` asks). `--apply`
-migrates them one at a time (vgpumgr.ops.migrate) and stops at the first failure: the VMs moved before it stay
-moved (each migration is whole or not at all), the failed one stays here, and the `gpu.compact`
-audit event says what was applied and what failed. After the last move the GPU's slot map is read again: the
-freed start must be creatable now (something else may have taken it meanwhile). Nothing is moved when any VM
-of the plan has no destination.
+fewest GB moved) wins (`placement_ids.fewest_moves`, pure: `fleet place` uses it on what the hosts published).
+Every VM to move needs a destination: the fleet's first choice for it (`fleet place --vm`, as `host drain`
+asks). `--apply` migrates them one at a time (vgpumgr.ops.migrate) and stops at the first failure: the VMs
+moved before it stay moved (each migration is whole or not at all), the failed one stays here, and the
+`gpu.compact` audit event says what was applied and what failed. After the last move the GPU's slot map is read
+again: the freed start must be creatable now (something else may have taken it meanwhile). Nothing is moved
+when any VM of the plan has no destination.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from vgpumgr.errors import Conflict, NotFound, VgpuError
 from vgpumgr.ops.context import Context
 from vgpumgr.ops.slot_map import slot_map
+from vgpumgr.placement_ids import fewest_moves
 
 COMPACT = "gpu.compact"
 
 
 def _vm(label: str) -> str | None:
     return label.rsplit(" of ", 1)[1] if " of " in label else None
-
-
-def fewest_moves(supported: Sequence[int], size: int, vgpus: Sequence[tuple[int, int, str | None]]
-                 ) -> tuple[int, int, int, list[tuple[int, int, str | None]]] | None:
-    """(moves, GB moved, start, the vGPUs in its way) of the start of a type of placement size `size` that
-    needs the fewest moves (then the fewest GB, then the lowest start); `vgpus`: (placement id, size, VM or
-    None). A start held by a vGPU without a VM cannot be freed by a migration; None when no start can."""
-    options = []
-    for s in supported:
-        way = [v for v in vgpus if v[0] < s + size and s < v[0] + v[1]]
-        if any(v[2] is None for v in way):
-            continue
-        options.append((len(way), sum(v[1] for v in way), s, way))
-    return min(options, key=lambda o: o[:3]) if options else None
 
 
 def plan(svc: Context, gpu: str, type_name: str) -> dict[str, Any]:
