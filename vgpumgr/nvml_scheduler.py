@@ -50,7 +50,8 @@ def _v2_answers(n: Any, handle: Any) -> bool:
 
 def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
     """Capabilities, the state of each engine and which calls answered: {"address", "api", "capabilities",
-    "engines": {"graphics": {...}}, "active_vgpus", "mig", "heterogeneous_mode", "not_supported"}."""
+    "engines": {"graphics": {...}}, "active_vgpus", "mig", "heterogeneous_mode", "gpu_instances" (with MIG on:
+    each GPU instance's scheduler, vgpumgr.nvml_gi_scheduler), "mig_note", "not_supported"}."""
     layer._require()
     n = layer.nvml
     address = ids.pci_address(address)
@@ -77,6 +78,10 @@ def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
     mig = _call(n, [], "mig", n.nvmlDeviceGetMigMode, handle)
     hetero = _call(n, [], "heterogeneous_mode", n.nvmlDeviceGetVgpuHeterogeneousMode, handle)
     name = _call(n, [], "name", n.nvmlDeviceGetName, handle)
+    from vgpumgr import nvml_gi_scheduler  # it builds on this module's helpers
+
+    with layer._errors(f"reading the vGPU scheduler of the GPU instances of {address}"):
+        gis = nvml_gi_scheduler.read(layer, handle, None if mig is None else bool(mig[0]))
     return {
         "address": address, "name": name, "api": "v2" if v2 else "v1",
         "capabilities": None if caps is None else {
@@ -89,7 +94,8 @@ def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
         "active_vgpus": None if active is None else len(list(active)),
         "mig": None if mig is None else bool(mig[0]),
         "heterogeneous_mode": None if hetero is None else bool(hetero),
-        "not_supported": absent,
+        "gpu_instances": gis["gpu_instances"], "mig_note": gis["mig_note"],
+        "not_supported": absent + gis["not_supported"],
     }
 
 
