@@ -83,7 +83,7 @@ def test_scheduler_show_lists_every_gpu(tmp_path: Path) -> None:
     assert run("--sysfs-root", root, "scheduler", "set", second, "equal-share")[0] == 0
     rc, out, err = run("--sysfs-root", root, "scheduler", "show")
     assert rc == 0, err
-    lines = out.splitlines()
+    lines = out.split("\n\n")[0].splitlines()  # then the GPUs with MIG on, per GPU instance (test_scheduler.py)
     assert lines[0].split()[:3] == ["GPU", "NAME", "POLICY"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == nvml_gpus

@@ -83,10 +83,12 @@ def read(layer: NvmlLayer, handle: Any, mig_on: bool | None) -> dict[str, Any]:
     if not mig_on:
         return {"gpu_instances": None, "not_supported": [], "mig_note": None}
     n = layer.nvml
-    try:
-        arch = n.nvmlDeviceGetArchitecture(handle)
-    except n.NVMLError:
-        arch = None
+    arch = None
+    if _has(n, "nvmlDeviceGetArchitecture"):
+        try:
+            arch = n.nvmlDeviceGetArchitecture(handle)
+        except n.NVMLError:
+            pass
     before_gb20x = isinstance(arch, int) and 0 < arch < BLACKWELL
     available = apis(n)
     found = instances(layer, handle)
@@ -123,7 +125,13 @@ def read_log(layer: NvmlLayer, address: str, gpu_instance: int, engine: int = 1)
     address = ids.pci_address(address)
     with layer._errors(f"reading the vGPU scheduler log of GPU instance {gpu_instance} on {address}"):
         handle = layer._handle(address)
-        if not n.nvmlDeviceGetMigMode(handle)[0]:
+        try:
+            mig_on = bool(n.nvmlDeviceGetMigMode(handle)[0])
+        except n.NVMLError as exc:
+            if getattr(exc, "value", None) not in _ABSENT:
+                raise
+            mig_on = False  # a GPU without MIG
+        if not mig_on:
             raise Conflict(f"MIG is off on {address}: it has no GPU instances",
                            hint=f"`vgpumgr scheduler log {address}` reads the GPU's own log")
         gi = next((g for info, g in instances(layer, handle) if info["id"] == gpu_instance), None)
