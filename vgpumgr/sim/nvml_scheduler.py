@@ -1,11 +1,13 @@
 """The vGPU time-slice scheduler of each simulated GPU: capabilities, state and log, the old calls and the `_v2`
 ones (docs/sources.md §24).
 
-State, per GPU in the NVML state file: `"scheduler": {"policy", "arr", "timeslice_ns", "avg_factor",
-"frequency"}` (policy 1 best effort, 2 equal share, 3 fixed share). A simulated reboot puts it back to best
-effort (NVML's setting does not persist). NVML's refusals as its header documents them: NotSupported while MIG
-is on or any vGPU instance exists on the GPU; fixed share in mixed-size mode is refused as NotSupported too
-(the code is the simulator's choice; the rule is NVIDIA's user guide).
+The GPU's own state and log answer NotSupported while MIG is on (NVML's change log, v570 to v575: "return
+NVML_ERROR_NOT_SUPPORTED when in MIG mode"); the capabilities still answer. State, per GPU in the NVML state
+file: `"scheduler": {"policy", "arr", "timeslice_ns", "avg_factor", "frequency"}` (policy 1 best effort, 2 equal
+share, 3 fixed share). A simulated reboot puts it back to best effort (NVML's setting does not persist). NVML's
+refusals as its header documents them: NotSupported while MIG is on or any vGPU instance exists on the GPU;
+fixed share in mixed-size mode is refused as NotSupported too (the code is the simulator's choice; the rule is
+NVIDIA's user guide).
 
 The log follows the policy and what each running guest asks for (its `sm` load, vgpumgr.sim.nvml_telemetry):
 
@@ -91,6 +93,13 @@ class VgpuScheduler:
     def _mig_on(self, gpu: dict[str, Any], spec: Any) -> bool:
         return bool(spec.mig_table and gpu["mig_mode"][0])
 
+    def _device_sched(self, handle: Any, call: str) -> dict[str, Any]:
+        """The GPU whose own scheduler is asked: NotSupported while MIG is on (NVML since R575)."""
+        gpu, spec = self._read(handle, call)
+        if self._mig_on(gpu, spec):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
     # -- capabilities and state ------------------------------------------------------------------
     def nvmlDeviceGetVgpuSchedulerCapabilities(self, handle: Any) -> Any:  # noqa: N802 - pynvml's names
         _gpu, spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerCapabilities")
@@ -104,7 +113,7 @@ class VgpuScheduler:
         return caps
 
     def nvmlDeviceGetVgpuSchedulerState(self, handle: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerState")
         state = pynvml.c_nvmlVgpuSchedulerGetState_t()
         self._fill_v1(gpu, state)
         return state
@@ -124,7 +133,7 @@ class VgpuScheduler:
             out.schedulerParams.vgpuSchedData.timeslice = ts
 
     def nvmlDeviceGetVgpuSchedulerState_v2(self, handle: Any, info: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState_v2")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerState_v2")
         sched = self._sched(gpu)
         if info.engineId != GRAPHICS:  # other engines: best effort (the header)
             info.schedulerPolicy, info.avgFactor, info.timeslice = 1, 0, 0
@@ -219,7 +228,7 @@ class VgpuScheduler:
                 a.weight = e["weight"]
 
     def nvmlDeviceGetVgpuSchedulerLog(self, handle: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerLog")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerLog")
         log = pynvml.c_nvmlVgpuSchedulerLog_t()
         log.engineId = GRAPHICS
         self._fill_v1(gpu, log)
@@ -229,7 +238,7 @@ class VgpuScheduler:
         return log
 
     def nvmlDeviceGetVgpuSchedulerLog_v2(self, handle: Any, info: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerLog_v2")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerLog_v2")
         sched = self._sched(gpu)
         if info.engineId != GRAPHICS:
             info.schedulerPolicy, info.avgFactor, info.timeslice, info.entriesCount = 1, 0, 0, 0
