@@ -16,7 +16,11 @@ from typing import Any
 from vgpumgr import ids
 from vgpumgr.errors import Conflict, NotFound
 from vgpumgr.nvml import _ABSENT, SCHEDULER_POLICIES, NvmlLayer, _profile_name
-from vgpumgr.nvml_scheduler import _FUNCTION_NOT_FOUND, ENGINES, _entries, _has, _v1_state
+from vgpumgr.nvml_sched_fields import ENGINES
+from vgpumgr.nvml_sched_fields import FUNCTION_NOT_FOUND as _FUNCTION_NOT_FOUND
+from vgpumgr.nvml_sched_fields import entries as _entries
+from vgpumgr.nvml_sched_fields import has as _has
+from vgpumgr.nvml_sched_fields import v1_state as _v1_state
 
 _NOT_SUPPORTED = 3
 BLACKWELL = 10  # NVML_DEVICE_ARCH_BLACKWELL; every GPU before it is before GB20x

@@ -13,7 +13,7 @@ from vgpumgr.cli.output import dump_json, table
 def register(sub: Any, cmd: Any, group: Any) -> None:
     sch = group("scheduler", "vGPU time-slice scheduler per GPU: recorded, applied, persisted, measured")
     p = cmd(sch, ("scheduler", "show"), "vgpumgr.cli.scheduler:show",
-            "what the driver has (capabilities, state per engine) and what is recorded, per GPU")
+            "what the driver has (capabilities, state per engine; with MIG on per GPU instance) and what is recorded")
     p.add_argument("gpu", metavar="BDF", nargs="?", help="one GPU, as JSON (default: every GPU, as a table)")
     p.add_argument("--json", action="store_true")
     p = cmd(sch, ("scheduler", "set"), "vgpumgr.cli.scheduler:set_",
