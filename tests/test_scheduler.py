@@ -517,6 +517,8 @@ def test_gb20x_shows_each_gpu_instances_scheduler_and_log(sim: tuple[Path, tuple
     assert rc == 3 and "no GPU instance 7" in err
     rc, _, err = run(*g, "scheduler", "log", L40S, "--gpu-instance", "1")
     assert rc == 4 and "MIG is off" in err
+    rc, _, err = run(*g, "scheduler", "set", BW, "equal-share")  # read only: no per-GPU-instance set
+    assert rc == 4 and "each GPU instance has a scheduler of its own (GB20x)" in err
 
 
 def test_before_gb20x_gpu_instances_have_no_scheduler_and_get_fixed_share(
