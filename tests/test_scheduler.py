@@ -8,6 +8,7 @@ on, the scheduler of each GPU instance on a simulated Blackwell GB20x, and why t
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -470,7 +471,7 @@ def on_gi(root: Path, gi: int, vm: str, sm: int, vgpu_id: int) -> None:
     gpu.setdefault("vgpu_instances", []).append({
         "id": vgpu_id, "uuid": f"00000000-0000-0000-0000-00000000000{vgpu_id}", "vm_uuid": f"vm-{vm}",
         "vm_name": vm, "mdev_uuid": None, "vf": None, "type_id": 90111, "gi_id": gi, "guest_driver": None,
-        "started": 0, "load": {"sm": sm}})
+        "started": time.time() - 60, "load": {"sm": sm}})
     write_state(nvml_state_path(root), state)
 
 
