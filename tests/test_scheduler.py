@@ -554,6 +554,12 @@ def test_before_gb20x_gpu_instances_have_no_scheduler_and_get_fixed_share(
     state = nvml_scheduler.read(NvmlLayer(hn), "0000:19:00.0")
     assert state["gpu_instances"] == [] and "before GB20x" in state["mig_note"]
     assert nvml_scheduler.read(layer, L40S)["gpu_instances"] is None  # MIG off: nothing to ask
+    # without a vGPU manager (no scheduler capabilities) NotSupported tells nothing of GB20x: no note
+    state = nvml_scheduler.read(layer, A100)
+    assert state["mig_note"] and state["capabilities"]
+    set_state(root, A100, not_supported=["nvmlDeviceGetVgpuSchedulerCapabilities"])
+    state = nvml_scheduler.read(layer, A100)
+    assert state["capabilities"] is None and state["mig_note"] is None and state["gpu_instances"][0]["engines"] == {}
 
 
 class NoGiBindings(SimNvml):

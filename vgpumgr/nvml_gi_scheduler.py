@@ -81,9 +81,10 @@ def _ask(n: Any, fn: Any, available: list[str]) -> tuple[Any, str]:
     return fn(available[-1]), available[-1]
 
 
-def read(layer: NvmlLayer, handle: Any, mig_on: bool | None) -> dict[str, Any]:
+def read(layer: NvmlLayer, handle: Any, mig_on: bool | None, vgpu_host: bool = True) -> dict[str, Any]:
     """{"gpu_instances": [{"id", "profile", "start", "size", "api", "engines"}] (None while MIG is off),
-    "not_supported": [...], "mig_note": str | None}."""
+    "not_supported": [...], "mig_note": str | None}. `vgpu_host`: the GPU has a vGPU manager (its scheduler
+    capabilities answer); without one, NotSupported says nothing about GB20x and no note is given."""
     if not mig_on:
         return {"gpu_instances": None, "not_supported": [], "mig_note": None}
     n = layer.nvml
@@ -118,7 +119,7 @@ def read(layer: NvmlLayer, handle: Any, mig_on: bool | None) -> dict[str, Any]:
     if refused:
         absent.append(f"GPU instance state (GPU instance {', '.join(map(str, refused))}: NotSupported; NVIDIA "
                       "documents a scheduler per GPU instance for Blackwell GB20x or newer)")
-    note = FIXED_SHARE if before_gb20x or (refused and len(refused) == len(found)) else None
+    note = FIXED_SHARE if vgpu_host and (before_gb20x or (refused and len(refused) == len(found))) else None
     return {"gpu_instances": out, "not_supported": absent, "mig_note": note}
 
 

@@ -75,7 +75,7 @@ def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
     hetero = _call(n, [], "heterogeneous_mode", n.nvmlDeviceGetVgpuHeterogeneousMode, handle)
     name = _call(n, [], "name", n.nvmlDeviceGetName, handle)
     with layer._errors(f"reading the vGPU scheduler of the GPU instances of {address}"):
-        gis = nvml_gi_scheduler.read(layer, handle, None if mig is None else bool(mig[0]))
+        gis = nvml_gi_scheduler.read(layer, handle, None if mig is None else bool(mig[0]), caps is not None)
     return {
         "address": address, "name": name, "api": "v2" if v2 else "v1",
         "capabilities": None if caps is None else {

@@ -75,7 +75,7 @@ def show(args: argparse.Namespace, out: TextIO) -> int:
     table(out, ["GPU", "NAME", "POLICY", "SLICE_MS", "SUPPORTED", "VGPUS", "RECORDED", "STATE", "API"], rows,
           empty="no GPUs known to NVML")
     for st in states:
-        if not st["engines"] and st.get("gpu_instances") is None:
+        if not st["engines"] and (st.get("gpu_instances") is None or st["capabilities"] is None):
             out.write(f"{st['address']}: no vGPU scheduler ({', '.join(st['not_supported']) or 'NotSupported'})\n")
     _gpu_instances([st for st in states if st.get("gpu_instances") is not None], out)
     return 0
