@@ -83,11 +83,13 @@ def test_scheduler_show_lists_every_gpu(tmp_path: Path) -> None:
     assert run("--sysfs-root", root, "scheduler", "set", second, "equal-share")[0] == 0
     rc, out, err = run("--sysfs-root", root, "scheduler", "show")
     assert rc == 0, err
-    lines = out.splitlines()
+    lines = out.split("\n\n")[0].splitlines()  # then the GPUs with MIG on, per GPU instance (test_scheduler.py)
     assert lines[0].split()[:3] == ["GPU", "NAME", "POLICY"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == nvml_gpus
-    assert " best-effort " in rows[first] and " equal-share " in rows[second] and " best-effort " in rows[t4]
+    assert " equal-share " in rows[second] and " best-effort " in rows[t4]
+    assert rows[first].split()[5] == "-"  # MIG on: NVML answers NotSupported for the GPU's own scheduler ...
+    assert f"{first}: MIG-backed vGPUs get fixed share" in out  # ... and says why (before GB20x)
     one = json.loads(run("--sysfs-root", root, "scheduler", "show", second)[1])
     assert one == json.loads(run("--sysfs-root", root, "scheduler", "show", "--json")[1])[second]
     rc, _, err = run("--sysfs-root", root, "scheduler", "show", "not-a-bdf")

@@ -2,11 +2,13 @@
 GPU with running guests is deferred and says so, applied once the GPU is empty, lost by `sim reboot` and brought
 back by `restore`; three busy guests each get ~1/3 (top, /metrics, `scheduler check`), a starved one makes
 `check` exit 10; fixed share in mixed-size mode is refused with the reason; `persist` writes NVIDIA's documented
-RmPVMRL values; the old NVML calls, the `_v2` ones and a driver without `_v2` (the real H100's recording)."""
+RmPVMRL values; the old NVML calls, the `_v2` ones and a driver without `_v2` (the real H100's recording); with MIG
+on, the scheduler of each GPU instance on a simulated Blackwell GB20x, and why there is none before GB20x."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +18,13 @@ from fastapi.testclient import TestClient
 from simhost import run
 
 from api.app import create_app
-from vgpumgr import nvml_scheduler, rmpvmrl
+from vgpumgr import nvml_gi_scheduler, nvml_scheduler, rmpvmrl
 from vgpumgr.config import Config
 from vgpumgr.nvml import NvmlLayer
 from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.service import Service
 from vgpumgr.sim import guests, profiles
-from vgpumgr.sim.nvml import SimNvml, write_state
+from vgpumgr.sim.nvml import SimNvml, create_state, write_state
 from vgpumgr.sim.paths import nvml_state_path
 from vgpumgr.telemetry.sched_share import ShareTracker, shortfalls
 
@@ -356,6 +358,7 @@ def test_the_real_h100_without_a_vgpu_manager_has_no_scheduler() -> None:
     assert state["engines"] == {} and state["capabilities"] is None
     assert {"capabilities", "state", "active_vgpus"} <= set(state["not_supported"])
     assert state["mig"] is False and state["name"] == "NVIDIA H100 80GB HBM3"
+    assert state["gpu_instances"] is None and state["mig_note"] is None  # MIG off: no GPU instance to ask
     log = nvml_scheduler.read_log(layer, address)
     assert log["entries"] == [] and log["not_supported"] == ["log"]
     why = scheduler_ops._refusal(state, rmpvmrl.Setting("equal-share"))
@@ -439,3 +442,174 @@ def test_the_service_reads_the_log_often_enough_to_miss_nothing(sim: tuple[Path,
     seen = sampler.reader.shares.shares(L40S)
     assert seen is not None and seen["lost_reads"] == 0 and seen["window_s"] >= 1.2
     assert all(v["share"] == pytest.approx(1 / 3, abs=0.02) for v in seen["runlists"].values())
+
+
+# -- per MIG GPU instance (Blackwell GB20x) -----------------------------------------------------------------
+BW = "0000:81:00.0"  # a simulated RTX PRO 6000 Blackwell Server Edition (GB202) added to the `mixed` host
+
+
+def blackwell(root: Path) -> SimNvml:
+    """The `mixed` host's NVML plus a GB202 with MIG on, a 2g.48gb (GPU instance 1) and a 1g.24gb (2)."""
+    extra = root / "bw-state.json"
+    create_state(extra, [("rtx-pro-6000", BW)])
+    state = nvml_state(root)
+    state["gpus"].append(json.loads(extra.read_text())["gpus"][0])
+    write_state(nvml_state_path(root), state)
+    n = SimNvml(nvml_state_path(root))
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByPciBusId(BW)
+    n.nvmlDeviceSetMigMode(h, pynvml.NVML_DEVICE_MIG_ENABLE)
+    n.nvmlDeviceCreateGpuInstance(h, 5)  # 2g.48gb
+    n.nvmlDeviceCreateGpuInstance(h, 14)  # 1g.24gb
+    return n
+
+
+def on_gi(root: Path, gi: int, vm: str, sm: int, vgpu_id: int) -> None:
+    """A VM's time-sliced vGPU runs on GPU instance `gi` (Blackwell MIG time-slicing: several per instance)."""
+    state = nvml_state(root)
+    gpu = next(g for g in state["gpus"] if g["address"] == BW)
+    gpu.setdefault("vgpu_instances", []).append({
+        "id": vgpu_id, "uuid": f"00000000-0000-0000-0000-00000000000{vgpu_id}", "vm_uuid": f"vm-{vm}",
+        "vm_name": vm, "mdev_uuid": None, "vf": None, "type_id": 90111, "gi_id": gi, "guest_driver": None,
+        "started": time.time() - 60, "load": {"sm": sm}})
+    write_state(nvml_state_path(root), state)
+
+
+def gi_scheduler(root: Path, gi: int, **sched: Any) -> None:
+    state = nvml_state(root)
+    gpu = next(g for g in state["gpus"] if g["address"] == BW)
+    next(x for x in gpu["gpu_instances"] if x["id"] == gi)["scheduler"] = sched
+    write_state(nvml_state_path(root), state)
+
+
+def test_gb20x_shows_each_gpu_instances_scheduler_and_log(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, g = sim
+    blackwell(root)
+    gi_scheduler(root, 1, policy=2)  # equal share on GPU instance 1 (set by hand, e.g. nvidia-smi)
+    on_gi(root, 1, "a", 100, 901)
+    on_gi(root, 1, "b", 100, 902)
+    on_gi(root, 2, "c", 100, 903)
+    shown = json.loads(ok(*g, "scheduler", "show", BW))
+    assert shown["mig"] is True and shown["mig_note"] is None
+    assert [(x["id"], x["profile"], x["api"]) for x in shown["gpu_instances"]] == [(1, "2g.48gb", "v2"),
+                                                                                  (2, "1g.24gb", "v2")]
+    first, second = (x["engines"] for x in shown["gpu_instances"])
+    assert first["graphics"] == {"policy": "equal-share", "arr": True, "timeslice_ns": 2_000_000, "avg_factor": 33}
+    assert first["nvenc0"]["policy"] == "best-effort"  # other engines: best effort (NVML's header)
+    assert second["graphics"]["policy"] == "best-effort"
+    assert not [x for x in shown["not_supported"] if "GPU instance" in x]
+    assert json.loads(ok(*g, "scheduler", "show", "--json"))[BW]["gpu_instances"] == shown["gpu_instances"]
+    text = ok(*g, "scheduler", "show").split("\n\n")[1].splitlines()
+    assert text[0].split() == ["GPU", "GPU_INSTANCE", "PROFILE", "POLICY", "SLICE_MS", "AVG_FACTOR", "API"]
+    assert text[1].split() == [BW, "1", "2g.48gb", "equal-share", "2", "33", "v2"]
+    assert text[2].split() == [BW, "2", "1g.24gb", "best-effort", "-", "-", "v2"]
+    # the log of GPU instance 1 follows its two busy guests: equal share, half each; GPU instance 2's guest is
+    # not in it
+    log = json.loads(ok(*g, "scheduler", "log", BW, "--gpu-instance", "1", "--json"))
+    assert log["gpu_instance"] == 1 and log["policy"] == "equal-share" and log["api"] == "v2"
+    assert len(log["entries"]) == 200 and {e["runlist"] for e in log["entries"]} == {901, 902}
+    ran = {rl: sum(e["run_ns"] for e in log["entries"] if e["runlist"] == rl) for rl in (901, 902)}
+    assert ran[901] == pytest.approx(ran[902], rel=0.02)
+    other = json.loads(ok(*g, "scheduler", "log", BW, "--gpu-instance", "2", "--json"))
+    assert {e["runlist"] for e in other["entries"]} == {903} and other["policy"] == "best-effort"
+    assert "GPU instance 1: policy equal-share, time slice 2 ms" in ok(*g, "scheduler", "log", BW,
+                                                                        "--gpu-instance", "1")
+    rc, _, err = run(*g, "scheduler", "log", BW, "--gpu-instance", "7")
+    assert rc == 3 and "no GPU instance 7" in err
+    rc, _, err = run(*g, "scheduler", "log", L40S, "--gpu-instance", "1")
+    assert rc == 4 and "MIG is off" in err
+    rc, _, err = run(*g, "scheduler", "set", BW, "equal-share")  # read only: no per-GPU-instance set
+    assert rc == 4 and "each GPU instance has a scheduler of its own (GB20x)" in err
+
+
+def test_before_gb20x_gpu_instances_have_no_scheduler_and_get_fixed_share(
+        sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, g = sim
+    n = SimNvml(nvml_state_path(root))
+    n.nvmlInit()
+    info = n.nvmlGpuInstanceGetInfo(n.nvmlDeviceCreateGpuInstance(n.nvmlDeviceGetHandleByPciBusId(A100), 19))
+    gi = info.id
+    shown = json.loads(ok(*g, "scheduler", "show", A100))  # the A100 has MIG on
+    assert shown["gpu_instances"] == [{"id": gi, "profile": "1g.10gb", "start": info.placement.start, "size": 1,
+                                       "api": None, "engines": {}}]
+    assert f"GPU instance state (GPU instance {gi}: NotSupported" in " ".join(shown["not_supported"])
+    assert "MIG-backed vGPUs get fixed share" in shown["mig_note"]
+    out = ok(*g, "scheduler", "show")
+    assert f"{A100}: MIG-backed vGPUs get fixed share on this GPU: before GB20x" in out
+    assert any(line.split()[:4] == [A100, str(gi), "1g.10gb", "not"] for line in out.splitlines())
+    log = json.loads(ok(*g, "scheduler", "log", A100, "--gpu-instance", str(gi), "--json"))
+    assert log["entries"] == [] and "NotSupported" in log["not_supported"][0]
+    # the driver's own answer, call by call
+    gi_handle = n.nvmlDeviceGetGpuInstanceById(n.nvmlDeviceGetHandleByPciBusId(A100), gi)
+    with pytest.raises(pynvml.NVMLError) as e:
+        n.nvmlGpuInstanceGetVgpuSchedulerState_v2(gi_handle, pynvml.c_nvmlVgpuSchedulerStateInfo_v2_t())
+    assert e.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    # the H100 (Hopper) with MIG on and no GPU instance yet: fixed share, known from its architecture
+    layer = NvmlLayer(n)
+    h100 = root / "h100-state.json"
+    create_state(h100, [("h100", "0000:19:00.0")])
+    hn = SimNvml(h100)
+    hn.nvmlInit()
+    hn.nvmlDeviceSetMigMode(hn.nvmlDeviceGetHandleByIndex(0), 1)
+    state = nvml_scheduler.read(NvmlLayer(hn), "0000:19:00.0")
+    assert state["gpu_instances"] == [] and "before GB20x" in state["mig_note"]
+    assert nvml_scheduler.read(layer, L40S)["gpu_instances"] is None  # MIG off: nothing to ask
+    # without a vGPU manager (no scheduler capabilities) NotSupported tells nothing of GB20x: no note
+    state = nvml_scheduler.read(layer, A100)
+    assert state["mig_note"] and state["capabilities"]
+    set_state(root, A100, not_supported=["nvmlDeviceGetVgpuSchedulerCapabilities"])
+    state = nvml_scheduler.read(layer, A100)
+    assert state["capabilities"] is None and state["mig_note"] is None and state["gpu_instances"][0]["engines"] == {}
+
+
+class NoGiBindings(SimNvml):
+    """nvidia-ml-py before 12.575.51: no per-GPU-instance scheduler calls or structs."""
+
+    @staticmethod
+    def _lacks(name: str) -> bool:
+        return "GpuInstanceGetVgpuScheduler" in name or name.startswith("c_nvmlVgpuSchedulerStateInfo_v")
+
+    def __getattribute__(self, name: str) -> Any:
+        if NoGiBindings._lacks(name):
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+    def __getattr__(self, name: str) -> Any:  # not pynvml's either
+        if NoGiBindings._lacks(name):
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+
+class DriverWithoutGiV2(SimNvml):
+    """Bindings with `_v2` on a driver before R595: the GPU-instance `_v2` calls are FunctionNotFound."""
+
+    def nvmlGpuInstanceGetVgpuSchedulerState_v2(self, *_a: Any) -> Any:  # noqa: N802
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    nvmlGpuInstanceGetVgpuSchedulerLog_v2 = nvmlGpuInstanceGetVgpuSchedulerState_v2
+
+
+def test_bindings_without_the_gpu_instance_calls_say_so(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, _g = sim
+    blackwell(root)
+    gi_scheduler(root, 1, policy=3)
+    on_gi(root, 1, "a", 100, 901)
+    state = nvml_scheduler.read(NvmlLayer(NoGiBindings(nvml_state_path(root))), BW)
+    assert [x["engines"] for x in state["gpu_instances"]] == [{}, {}]  # listed, not guessed
+    assert nvml_gi_scheduler.NO_BINDINGS in state["not_supported"] and state["mig_note"] is None
+    assert "12.575.51" in nvml_gi_scheduler.NO_BINDINGS
+    log = nvml_gi_scheduler.read_log(NvmlLayer(NoGiBindings(nvml_state_path(root))), BW, 1)
+    assert log["entries"] == [] and log["not_supported"] == [nvml_gi_scheduler.NO_LOG_BINDINGS]
+    # a driver without the _v2 ones: the old versioned calls answer
+    old = NvmlLayer(DriverWithoutGiV2(nvml_state_path(root)))
+    first = nvml_scheduler.read(old, BW)["gpu_instances"][0]
+    assert first["api"] == "v1" and first["engines"]["graphics"]["policy"] == "fixed-share"
+    log = nvml_gi_scheduler.read_log(old, BW, 1)
+    assert log["api"] == "v1" and log["policy"] == "fixed-share" and {e["runlist"] for e in log["entries"]} == {901}
+    # the old call checks its struct's version, as NVML does
+    n = SimNvml(nvml_state_path(root))
+    n.nvmlInit()
+    gi = n.nvmlDeviceGetGpuInstanceById(n.nvmlDeviceGetHandleByPciBusId(BW), 1)
+    with pytest.raises(pynvml.NVMLError) as e:
+        n.nvmlGpuInstanceGetVgpuSchedulerState(gi, pynvml.c_nvmlVgpuSchedulerStateInfo_v1_t())
+    assert e.value.value == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH

@@ -367,4 +367,11 @@ KNOWN_TABLES: dict[str, ProfileTable] = {
         (8, "2g.12gb+me", 6, 2, 2, (0, 2), 1, 11808, 28),
         (3, "4g.24gb", 0, 4, 4, (0,), 1, 23680, 56),
     )),
+    # [doc] RTX PRO 6000 Blackwell (GB202, 96 GB): 4 slices, 1g.24gb x4, 2g.48gb x2, 4g.96gb x1. IDs as on the
+    # A30 (the same 4-slice layout), MB and SM figures nominal: the simulator's choice, not observed
+    "rtx-pro-6000-96gb": _table(4, (
+        (0, "1g.24gb", 14, 1, 1, (0, 1, 2, 3), 4, 24320, 47),
+        (1, "2g.48gb", 5, 2, 2, (0, 2), 2, 48640, 94),
+        (3, "4g.96gb", 0, 4, 4, (0,), 1, 97280, 188),
+    )),
 }

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr import ids
+from vgpumgr import ids, nvml_gi_scheduler
 from vgpumgr.nvml import _ABSENT, SCHEDULER_POLICIES, NvmlLayer, nvml_error
+from vgpumgr.nvml_sched_fields import ENGINES
+from vgpumgr.nvml_sched_fields import FUNCTION_NOT_FOUND as _FUNCTION_NOT_FOUND
+from vgpumgr.nvml_sched_fields import entries as _entries
+from vgpumgr.nvml_sched_fields import has as _has
+from vgpumgr.nvml_sched_fields import v1_state as _v1_state
 
 POLICY_CODES = {v: k for k, v in SCHEDULER_POLICIES.items() if k}
-ENGINES = {1: "graphics", 2: "nvenc1", 3: "nvenc0"}  # NVML_VGPU_SCHEDULER_ENGINE_TYPE_*
-_FUNCTION_NOT_FOUND = 13
-
-
-def _has(n: Any, name: str) -> bool:
-    try:
-        return callable(getattr(n, name))
-    except AttributeError:
-        return False
 
 
 def _call(n: Any, absent: list[str], what: str, fn: Any, *args: Any) -> Any:
@@ -50,7 +46,8 @@ def _v2_answers(n: Any, handle: Any) -> bool:
 
 def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
     """Capabilities, the state of each engine and which calls answered: {"address", "api", "capabilities",
-    "engines": {"graphics": {...}}, "active_vgpus", "mig", "heterogeneous_mode", "not_supported"}."""
+    "engines": {"graphics": {...}}, "active_vgpus", "mig", "heterogeneous_mode", "gpu_instances" (with MIG on:
+    each GPU instance's scheduler, vgpumgr.nvml_gi_scheduler), "mig_note", "not_supported"}."""
     layer._require()
     n = layer.nvml
     address = ids.pci_address(address)
@@ -77,6 +74,8 @@ def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
     mig = _call(n, [], "mig", n.nvmlDeviceGetMigMode, handle)
     hetero = _call(n, [], "heterogeneous_mode", n.nvmlDeviceGetVgpuHeterogeneousMode, handle)
     name = _call(n, [], "name", n.nvmlDeviceGetName, handle)
+    with layer._errors(f"reading the vGPU scheduler of the GPU instances of {address}"):
+        gis = nvml_gi_scheduler.read(layer, handle, None if mig is None else bool(mig[0]), caps is not None)
     return {
         "address": address, "name": name, "api": "v2" if v2 else "v1",
         "capabilities": None if caps is None else {
@@ -89,16 +88,9 @@ def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
         "active_vgpus": None if active is None else len(list(active)),
         "mig": None if mig is None else bool(mig[0]),
         "heterogeneous_mode": None if hetero is None else bool(hetero),
-        "not_supported": absent,
+        "gpu_instances": gis["gpu_instances"], "mig_note": gis["mig_note"],
+        "not_supported": absent + gis["not_supported"],
     }
-
-
-def _v1_state(n: Any, st: Any) -> dict[str, Any]:
-    arr = st.arrMode == getattr(n, "NVML_VGPU_SCHEDULER_ARR_ENABLE", 2)
-    p = st.schedulerParams
-    ts = p.vgpuSchedDataWithARR.timeslice if arr else p.vgpuSchedData.timeslice
-    return {"policy": SCHEDULER_POLICIES.get(st.schedulerPolicy, str(st.schedulerPolicy)), "arr": arr,
-            "timeslice_ns": ts or None, "avg_factor": (p.vgpuSchedDataWithARR.avgFactor or None) if arr else None}
 
 
 def read_log(layer: NvmlLayer, address: str, engine: int = 1) -> dict[str, Any]:
@@ -135,16 +127,6 @@ def read_log(layer: NvmlLayer, address: str, engine: int = 1) -> dict[str, Any]:
     st = _v1_state(n, log)
     return {"address": address, "api": "v1", "policy": st["policy"], "timeslice_ns": st["timeslice_ns"],
             "entries": _entries(log), "not_supported": absent}
-
-
-def _entries(log: Any) -> list[dict[str, int]]:
-    out = []
-    for k in range(min(int(log.entriesCount), len(log.logEntries))):
-        e = log.logEntries[k]
-        out.append({"timestamp_ns": int(e.timestamp), "run_ns": int(e.timeRun), "total_ns": int(e.timeRunTotal),
-                    "runlist": int(e.swRunlistId), "target_ns": int(e.targetTimeSlice),
-                    "preemption_ns": int(e.cumulativePreemptionTime)})
-    return out
 
 
 def apply(layer: NvmlLayer, address: str, policy: str, *, timeslice_ms: int | None = None,

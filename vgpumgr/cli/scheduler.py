@@ -13,7 +13,7 @@ from vgpumgr.cli.output import dump_json, table
 def register(sub: Any, cmd: Any, group: Any) -> None:
     sch = group("scheduler", "vGPU time-slice scheduler per GPU: recorded, applied, persisted, measured")
     p = cmd(sch, ("scheduler", "show"), "vgpumgr.cli.scheduler:show",
-            "what the driver has (capabilities, state per engine) and what is recorded, per GPU")
+            "what the driver has (capabilities, state per engine; with MIG on per GPU instance) and what is recorded")
     p.add_argument("gpu", metavar="BDF", nargs="?", help="one GPU, as JSON (default: every GPU, as a table)")
     p.add_argument("--json", action="store_true")
     p = cmd(sch, ("scheduler", "set"), "vgpumgr.cli.scheduler:set_",
@@ -26,6 +26,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(sch, ("scheduler", "log"), "vgpumgr.cli.scheduler:log_", "the driver's log of the last time slices")
     p.add_argument("gpu", metavar="BDF")
     p.add_argument("--engine", choices=("graphics", "nvenc0", "nvenc1"), default="graphics")
+    p.add_argument("--gpu-instance", type=int, metavar="ID",
+                   help="the log of one MIG GPU instance (its own scheduler: Blackwell GB20x and newer)")
     p.add_argument("--json", action="store_true")
     p = cmd(sch, ("scheduler", "persist"), "vgpumgr.cli.scheduler:persist",
             "write the recorded schedulers as RmPVMRL into a modprobe options file (used at the next driver load)")
@@ -73,9 +75,28 @@ def show(args: argparse.Namespace, out: TextIO) -> int:
     table(out, ["GPU", "NAME", "POLICY", "SLICE_MS", "SUPPORTED", "VGPUS", "RECORDED", "STATE", "API"], rows,
           empty="no GPUs known to NVML")
     for st in states:
-        if not st["engines"]:
+        if not st["engines"] and (st.get("gpu_instances") is None or st["capabilities"] is None):
             out.write(f"{st['address']}: no vGPU scheduler ({', '.join(st['not_supported']) or 'NotSupported'})\n")
+    _gpu_instances([st for st in states if st.get("gpu_instances") is not None], out)
     return 0
+
+
+def _gpu_instances(states: list[dict[str, Any]], out: TextIO) -> None:
+    """GPUs with MIG on, after a blank line: each GPU instance's own scheduler (GB20x and newer), or why not."""
+    if not states:
+        return
+    rows = []
+    for st in states:
+        for gi in st["gpu_instances"]:
+            g = gi["engines"].get("graphics") or {}
+            rows.append([st["address"], gi["id"], gi["profile"], g.get("policy") or "not answered",
+                         _ms(g.get("timeslice_ns")), g.get("avg_factor"), gi["api"]])
+    out.write("\n")
+    table(out, ["GPU", "GPU_INSTANCE", "PROFILE", "POLICY", "SLICE_MS", "AVG_FACTOR", "API"], rows,
+          empty="no GPU instance exists on the GPUs with MIG on")
+    for st in states:
+        if st.get("mig_note"):
+            out.write(f"{st['address']}: {st['mig_note']}\n")
 
 
 def set_(args: argparse.Namespace, out: TextIO) -> int:
@@ -90,17 +111,21 @@ def set_(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def log_(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import nvml_scheduler
+    from vgpumgr import nvml_gi_scheduler, nvml_scheduler
     from vgpumgr.ops.manual import nvml
 
     engine = {"graphics": 1, "nvenc1": 2, "nvenc0": 3}[args.engine]
-    res = nvml_scheduler.read_log(nvml(_cfg(args)), args.gpu, engine)
+    if getattr(args, "gpu_instance", None) is not None:
+        res = nvml_gi_scheduler.read_log(nvml(_cfg(args)), args.gpu, args.gpu_instance, engine)
+    else:
+        res = nvml_scheduler.read_log(nvml(_cfg(args)), args.gpu, engine)
     if args.json:
         dump_json(out, res)
         return 0
     rows = [[e["timestamp_ns"], e["runlist"], _ms(e["run_ns"]), _ms(e["target_ns"]), _ms(e["total_ns"])]
             for e in res["entries"]]
-    out.write(f"{res['address']}: policy {res['policy'] or '-'}, time slice {_ms(res['timeslice_ns'])} ms\n")
+    where = res["address"] + (f" GPU instance {res['gpu_instance']}" if "gpu_instance" in res else "")
+    out.write(f"{where}: policy {res['policy'] or '-'}, time slice {_ms(res['timeslice_ns'])} ms\n")
     table(out, ["TIMESTAMP_NS", "RUNLIST", "RUN_MS", "TARGET_MS", "TOTAL_MS"], rows,
           empty="no entries" + (f" (not answered: {', '.join(res['not_supported'])})" if res["not_supported"] else ""))
     return 0

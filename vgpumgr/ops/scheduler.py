@@ -100,6 +100,9 @@ def _refusal(state: dict[str, Any], want: rmpvmrl.Setting) -> str | None:
     if caps is None and not state.get("engines"):
         return (f"GPU {state['address']} has no vGPU scheduler: NVML answers NotSupported "
                 f"({', '.join(state['not_supported']) or 'no vGPU host driver'})")
+    if state.get("mig") and any(gi["engines"] for gi in state.get("gpu_instances") or []):
+        return ("MIG mode is on: NVML refuses the GPU's own scheduler while MIG is on; here each GPU instance has a "
+                "scheduler of its own (GB20x), which `scheduler show` reads and vgpumgr does not set")
     if state.get("mig"):
         return ("MIG mode is on: MIG-backed vGPUs get fixed share (NVIDIA's driver, before GB20x), and NVML refuses "
                 "scheduler changes while MIG is on")

@@ -55,6 +55,7 @@ _LICENSE = {  # per series, from NVIDIA's ctrl2080gpu.h (docs/sources.md §9)
 }
 _CLASS = {"A": "NVS", "B": "NVS", "C": "Compute", "Q": "Quadro"}  # not known from a source (docs/sources.md §17)
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}  # NVML_COMPUTE_INSTANCE_PROFILE_* -> compute slices
+_ARCH = {"a100-mig": 7, "a40": 7, "l40s": 8, "h100": 9, "rtx-pro-6000": 10, "t4": 6}  # NVML_DEVICE_ARCH_*
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class GpuSpec:
     types: tuple[VgpuTypeSpec, ...]
     mig_persistent: bool = False  # Ampere keeps MIG mode in the InfoROM across reboots; Hopper+ loses it
     sriov: bool = True  # NVML's host vGPU mode: SR-IOV (Ampere and later) or not (Turing's mdev, the T4)
+    gi_scheduler: bool = False  # a vGPU scheduler per GPU instance with MIG on (Blackwell GB20x: nvml.h)
 
 
 def _timesliced(prefix: str, first_id: int, gbs: Sequence[int], series: str, total_gb: int) -> list[VgpuTypeSpec]:
@@ -121,6 +123,14 @@ SIM_PROFILES: dict[str, GpuSpec] = {
               + _timesliced("NVIDIA L40S", 1147, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "Q", 48)
               + _timesliced("NVIDIA L40S", 1157, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "A", 48)
               + [VgpuTypeSpec(2164, "NVIDIA L40S-3B", 3072, 16)])),
+    # Blackwell GB202, device 10de:2bb5, 97887 MiB (MIG: NVIDIA's MIG user guide). Its type IDs are not published:
+    # fabricated in the 90000 range (§17); the subsystem ID is the simulator's choice
+    "rtx-pro-6000": GpuSpec(
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition", (0x10DE, 0x2BB5), (0x10DE, 0x204E), 97887,
+        "rtx-pro-6000-96gb", (0, 0), False,
+        tuple(_timesliced("NVIDIA RTXPro6000BlackwellDC", 90101, (8, 24, 48, 96), "Q", 96)
+              + _mig_types("NVIDIA RTXPro6000BlackwellDC-", "rtx-pro-6000-96gb",
+                           ((90111, "1-24C"), (90112, "2-48C"), (90113, "4-96C")))), gi_scheduler=True),
     "t4": GpuSpec(  # the T4 of the `mixed` profile: Turing, no SR-IOV, no MIG; types from the sysfs catalogue
         "Tesla T4", (0x10DE, 0x1EB8), (0x10DE, 0x12A2), 15360, None, (0, 0), False,
         tuple(VgpuTypeSpec(t.id, t.name, t.framebuffer_mb, t.max_instance) for t in _catalog.T4), sriov=False),
@@ -364,6 +374,9 @@ class SimNvml(VgpuInstances, VgpuMigration, VgpuTelemetry, VgpuPlacements, VgpuS
 
     def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
         return self._read(handle, "nvmlDeviceGetName")[1].name
+
+    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:  # noqa: N802
+        return _ARCH[self._read(handle, "nvmlDeviceGetArchitecture")[0]["profile"]]
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
         return self._read(handle, "nvmlDeviceGetUUID")[0]["uuid"]

@@ -1,11 +1,13 @@
 """The vGPU time-slice scheduler of each simulated GPU: capabilities, state and log, the old calls and the `_v2`
 ones (docs/sources.md §24).
 
-State, per GPU in the NVML state file: `"scheduler": {"policy", "arr", "timeslice_ns", "avg_factor",
-"frequency"}` (policy 1 best effort, 2 equal share, 3 fixed share). A simulated reboot puts it back to best
-effort (NVML's setting does not persist). NVML's refusals as its header documents them: NotSupported while MIG
-is on or any vGPU instance exists on the GPU; fixed share in mixed-size mode is refused as NotSupported too
-(the code is the simulator's choice; the rule is NVIDIA's user guide).
+The GPU's own state and log answer NotSupported while MIG is on (NVML's change log, v570 to v575: "return
+NVML_ERROR_NOT_SUPPORTED when in MIG mode"); the capabilities still answer. State, per GPU in the NVML state
+file: `"scheduler": {"policy", "arr", "timeslice_ns", "avg_factor", "frequency"}` (policy 1 best effort, 2 equal
+share, 3 fixed share). A simulated reboot puts it back to best effort (NVML's setting does not persist). NVML's
+refusals as its header documents them: NotSupported while MIG is on or any vGPU instance exists on the GPU;
+fixed share in mixed-size mode is refused as NotSupported too (the code is the simulator's choice; the rule is
+NVIDIA's user guide).
 
 The log follows the policy and what each running guest asks for (its `sm` load, vgpumgr.sim.nvml_telemetry):
 
@@ -21,6 +23,12 @@ two reads a moment apart share their common entries (as the driver's ring does).
 runlist id is the vGPU instance id here: how a real driver numbers them is not documented. A test may make the
 scheduler shorten a vGPU's slices (it then gets less than its share while using every slice it is given):
 `"scheduler_fault": {"<instance id>": factor}` in the GPU's entry.
+
+Per GPU instance (`nvmlGpuInstance{Get}VgpuScheduler{State,Log}` and their `_v2`; NVIDIA's header: "For
+Blackwell GB20x or newer"): a GPU whose profile has `gi_scheduler` answers them for each of its GPU instances
+while MIG is on, from `"scheduler"` in the GPU instance's entry (best effort when absent: the state does not
+survive GPU instance creation or deletion), the log following the loads of the vGPUs on that GPU instance as
+above; every other GPU answers NotSupported. The simulator has no per-GPU-instance set.
 """
 
 from __future__ import annotations
@@ -73,16 +81,24 @@ class VgpuScheduler:
     def _sched(gpu: dict[str, Any]) -> dict[str, Any]:
         return {**DEFAULT, **(gpu.get("scheduler") or {})}
 
-    def _timeslice(self, gpu: dict[str, Any], sched: dict[str, Any]) -> int:
+    def _timeslice(self, gpu: dict[str, Any], sched: dict[str, Any], instances: Any = None) -> int:
         if sched["timeslice_ns"]:
             return int(sched["timeslice_ns"])
         if sched["frequency"]:
             return int(1_000_000_000 // sched["frequency"])
-        most = max((self._type(i["type_id"]).max_instances for i in gpu.get("vgpu_instances", ())), default=8)
+        instances = gpu.get("vgpu_instances", ()) if instances is None else instances
+        most = max((self._type(i["type_id"]).max_instances for i in instances), default=8)
         return default_timeslice_ns(most)
 
     def _mig_on(self, gpu: dict[str, Any], spec: Any) -> bool:
         return bool(spec.mig_table and gpu["mig_mode"][0])
+
+    def _device_sched(self, handle: Any, call: str) -> dict[str, Any]:
+        """The GPU whose own scheduler is asked: NotSupported while MIG is on (NVML since R575)."""
+        gpu, spec = self._read(handle, call)
+        if self._mig_on(gpu, spec):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
 
     # -- capabilities and state ------------------------------------------------------------------
     def nvmlDeviceGetVgpuSchedulerCapabilities(self, handle: Any) -> Any:  # noqa: N802 - pynvml's names
@@ -97,25 +113,27 @@ class VgpuScheduler:
         return caps
 
     def nvmlDeviceGetVgpuSchedulerState(self, handle: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerState")
         state = pynvml.c_nvmlVgpuSchedulerGetState_t()
         self._fill_v1(gpu, state)
         return state
 
-    def _fill_v1(self, gpu: dict[str, Any], out: Any) -> None:
-        sched = self._sched(gpu)
+    def _fill_v1(self, gpu: dict[str, Any], out: Any, sched: Any = None, instances: Any = None) -> None:
+        sched = self._sched(gpu) if sched is None else sched
+        instances = gpu.get("vgpu_instances", ()) if instances is None else instances
         out.schedulerPolicy = sched["policy"]
         arr = bool(sched["arr"]) and sched["policy"] != 1
         out.arrMode = pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE if arr else pynvml.NVML_VGPU_SCHEDULER_ARR_DISABLE
-        active = sched["policy"] != 1 and bool(gpu.get("vgpu_instances"))  # 0 when there is no active scheduling
+        active = sched["policy"] != 1 and bool(instances)  # 0 when there is no active scheduling
+        ts = self._timeslice(gpu, sched, instances) if active else 0
         if arr:
             out.schedulerParams.vgpuSchedDataWithARR.avgFactor = (sched["avg_factor"] or 33) if active else 0
-            out.schedulerParams.vgpuSchedDataWithARR.timeslice = self._timeslice(gpu, sched) if active else 0
+            out.schedulerParams.vgpuSchedDataWithARR.timeslice = ts
         else:
-            out.schedulerParams.vgpuSchedData.timeslice = self._timeslice(gpu, sched) if active else 0
+            out.schedulerParams.vgpuSchedData.timeslice = ts
 
     def nvmlDeviceGetVgpuSchedulerState_v2(self, handle: Any, info: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerState_v2")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerState_v2")
         sched = self._sched(gpu)
         if info.engineId != GRAPHICS:  # other engines: best effort (the header)
             info.schedulerPolicy, info.avgFactor, info.timeslice = 1, 0, 0
@@ -165,11 +183,13 @@ class VgpuScheduler:
         return self._set(handle, "nvmlDeviceSetVgpuSchedulerState_v2", new)
 
     # -- log -------------------------------------------------------------------------------------
-    def _entries(self, gpu: dict[str, Any], at: float) -> tuple[int, list[dict[str, int]]]:
-        """(time slice ns, the log's entries ending before `at`), oldest first."""
-        sched = self._sched(gpu)
-        instances = sorted(gpu.get("vgpu_instances", ()), key=lambda i: i["id"])
-        slice_ns = self._timeslice(gpu, sched)
+    def _entries(self, gpu: dict[str, Any], at: float, sched: Any = None,
+                 instances: Any = None) -> tuple[int, list[dict[str, int]]]:
+        """(time slice ns, the log's entries ending before `at`), oldest first: the GPU's, or with `sched` and
+        `instances` given, one GPU instance's."""
+        sched = self._sched(gpu) if sched is None else sched
+        instances = sorted(gpu.get("vgpu_instances", ()) if instances is None else instances, key=lambda i: i["id"])
+        slice_ns = self._timeslice(gpu, sched, instances)
         wants = [(i["id"], engine_value(i.get("load") or DEFAULT_LOAD, "sm", i["id"], at) / 100.0,
                   self._type(i["type_id"]).max_instances) for i in instances]
         got = granted(sched["policy"], wants)
@@ -208,7 +228,7 @@ class VgpuScheduler:
                 a.weight = e["weight"]
 
     def nvmlDeviceGetVgpuSchedulerLog(self, handle: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerLog")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerLog")
         log = pynvml.c_nvmlVgpuSchedulerLog_t()
         log.engineId = GRAPHICS
         self._fill_v1(gpu, log)
@@ -218,13 +238,70 @@ class VgpuScheduler:
         return log
 
     def nvmlDeviceGetVgpuSchedulerLog_v2(self, handle: Any, info: Any) -> Any:  # noqa: N802
-        gpu, _spec = self._read(handle, "nvmlDeviceGetVgpuSchedulerLog_v2")
+        gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerLog_v2")
         sched = self._sched(gpu)
         if info.engineId != GRAPHICS:
             info.schedulerPolicy, info.avgFactor, info.timeslice, info.entriesCount = 1, 0, 0, 0
             return info
         slice_ns, entries = self._entries(gpu, time.time())
         active = sched["policy"] != 1 and bool(gpu.get("vgpu_instances"))
+        info.schedulerPolicy = sched["policy"]
+        info.avgFactor = (sched["avg_factor"] or 33) if active else 0
+        info.timeslice = slice_ns if active else 0
+        info.entriesCount = len(entries)
+        self._fill_entries(info.logEntries, entries, v2=True)
+        return info
+
+    # -- per GPU instance (Blackwell GB20x) ------------------------------------------------------------
+    _gi: Any
+
+    def _gi_sched(self, handle: Any, call: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        """(GPU, its scheduler state on this GPU instance, the vGPUs running there); NotSupported before GB20x."""
+        gpu, spec = self._read(handle, call)
+        if not (spec.gi_scheduler and self._mig_on(gpu, spec)):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        gi = self._gi(gpu, handle)
+        on_gi = [i for i in gpu.get("vgpu_instances", ()) if i.get("gi_id") == gi["id"]]
+        return gpu, {**DEFAULT, **(gi.get("scheduler") or {})}, on_gi
+
+    @staticmethod
+    def _version(info: Any, wanted: int) -> None:
+        if info.version != wanted:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+
+    def nvmlGpuInstanceGetVgpuSchedulerState(self, gi_handle: Any, info: Any) -> Any:  # noqa: N802
+        gpu, sched, on_gi = self._gi_sched(gi_handle, "nvmlGpuInstanceGetVgpuSchedulerState")
+        self._version(info, pynvml.nvmlVgpuSchedulerStateInfo_v1)
+        self._fill_v1(gpu, info, sched if info.engineId == GRAPHICS else dict(DEFAULT), on_gi)
+        return info
+
+    def nvmlGpuInstanceGetVgpuSchedulerState_v2(self, gi_handle: Any, info: Any) -> Any:  # noqa: N802
+        gpu, sched, on_gi = self._gi_sched(gi_handle, "nvmlGpuInstanceGetVgpuSchedulerState_v2")
+        if info.engineId != GRAPHICS:  # other engines: best effort (the header)
+            sched = dict(DEFAULT)
+        active = sched["policy"] != 1 and bool(on_gi)
+        info.schedulerPolicy = sched["policy"]
+        info.avgFactor = (sched["avg_factor"] or 33) if active else 0
+        info.timeslice = self._timeslice(gpu, sched, on_gi) if active else 0
+        return info
+
+    def nvmlGpuInstanceGetVgpuSchedulerLog(self, gi_handle: Any, info: Any) -> Any:  # noqa: N802
+        gpu, sched, on_gi = self._gi_sched(gi_handle, "nvmlGpuInstanceGetVgpuSchedulerLog")
+        self._version(info, pynvml.nvmlVgpuSchedulerLogInfo_v1)
+        graphics = info.engineId == GRAPHICS
+        self._fill_v1(gpu, info, sched if graphics else dict(DEFAULT), on_gi)
+        entries = self._entries(gpu, time.time(), sched, on_gi)[1] if graphics else []
+        info.entriesCount = len(entries)
+        self._fill_entries(info.logEntries, entries, v2=False)
+        return info
+
+    def nvmlGpuInstanceGetVgpuSchedulerLog_v2(self, gi_handle: Any, info: Any) -> Any:  # noqa: N802
+        gpu, sched, on_gi = self._gi_sched(gi_handle, "nvmlGpuInstanceGetVgpuSchedulerLog_v2")
+        if info.engineId != GRAPHICS:
+            info.schedulerPolicy, info.avgFactor, info.timeslice, info.entriesCount = 1, 0, 0, 0
+            return info
+        slice_ns, entries = self._entries(gpu, time.time(), sched, on_gi)
+        active = sched["policy"] != 1 and bool(on_gi)
         info.schedulerPolicy = sched["policy"]
         info.avgFactor = (sched["avg_factor"] or 33) if active else 0
         info.timeslice = slice_ns if active else 0
