@@ -279,9 +279,11 @@ def test_real_h100_without_a_vgpu_manager_is_unknown_not_an_error() -> None:
 
     n = Replay()
     assert {k for k, a in raw.items() if a.get("error") == pynvml.NVML_ERROR_NOT_SUPPORTED} >= {
-        "nvmlDeviceGetVgpuCapabilities(2)", "nvmlDeviceGetVgpuCapabilities(9)", "nvmlDeviceGetVgpuHeterogeneousMode"}
-    assert nvml_mixed.read(n, object(), [1131]) == {"capable": None, "mode": None, "types": {},
-                                                    "homogeneous_capable": None, "placements": None}
+        "nvmlDeviceGetVgpuCapabilities(2)", "nvmlDeviceGetVgpuCapabilities(9)", "nvmlDeviceGetVgpuHeterogeneousMode",
+        "nvmlDeviceGetVgpuTypeSupportedPlacements(1131, mode=1, version=2)"}
+    got = nvml_mixed.read(n, object(), [1131])
+    assert got == {"capable": None, "mode": None, "types": {}, "homogeneous_capable": None, "placements": None}
+    assert got == gpu["vgpumgr"]  # what vgpumgr read on the H100 itself
     assert nvml_mixed.instance_placement(n, 1) is None
     try:
         nvml_mixed.set_mode(n, object(), True)
