@@ -239,12 +239,16 @@ class VgpuScheduler:
 
     def nvmlDeviceGetVgpuSchedulerLog_v2(self, handle: Any, info: Any) -> Any:  # noqa: N802
         gpu = self._device_sched(handle, "nvmlDeviceGetVgpuSchedulerLog_v2")
-        sched = self._sched(gpu)
+        return self._log_v2(info, gpu, self._sched(gpu), None)
+
+    def _log_v2(self, info: Any, gpu: dict[str, Any], sched: dict[str, Any], on_gi: list[dict[str, Any]] | None
+                ) -> Any:
+        """A `_v2` log of the GPU (`on_gi` None) or of one GPU instance's vGPUs; engines but graphics: empty."""
         if info.engineId != GRAPHICS:
             info.schedulerPolicy, info.avgFactor, info.timeslice, info.entriesCount = 1, 0, 0, 0
             return info
-        slice_ns, entries = self._entries(gpu, time.time())
-        active = sched["policy"] != 1 and bool(gpu.get("vgpu_instances"))
+        slice_ns, entries = self._entries(gpu, time.time(), sched, on_gi)
+        active = sched["policy"] != 1 and bool(gpu.get("vgpu_instances") if on_gi is None else on_gi)
         info.schedulerPolicy = sched["policy"]
         info.avgFactor = (sched["avg_factor"] or 33) if active else 0
         info.timeslice = slice_ns if active else 0
@@ -297,14 +301,4 @@ class VgpuScheduler:
 
     def nvmlGpuInstanceGetVgpuSchedulerLog_v2(self, gi_handle: Any, info: Any) -> Any:  # noqa: N802
         gpu, sched, on_gi = self._gi_sched(gi_handle, "nvmlGpuInstanceGetVgpuSchedulerLog_v2")
-        if info.engineId != GRAPHICS:
-            info.schedulerPolicy, info.avgFactor, info.timeslice, info.entriesCount = 1, 0, 0, 0
-            return info
-        slice_ns, entries = self._entries(gpu, time.time(), sched, on_gi)
-        active = sched["policy"] != 1 and bool(on_gi)
-        info.schedulerPolicy = sched["policy"]
-        info.avgFactor = (sched["avg_factor"] or 33) if active else 0
-        info.timeslice = slice_ns if active else 0
-        info.entriesCount = len(entries)
-        self._fill_entries(info.logEntries, entries, v2=True)
-        return info
+        return self._log_v2(info, gpu, sched, on_gi)
