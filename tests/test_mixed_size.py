@@ -463,3 +463,21 @@ def test_an_old_nvidia_ml_py_or_a_refusing_driver_gives_unknown_not_the_mixed_li
 
 def _ids(lst) -> list[int]:  # noqa: ANN001
     return [lst.placementIds[i] for i in range(lst.count)]
+
+
+def test_a_record_that_cannot_be_written_after_the_vgpu_is_made_takes_the_vgpu_with_it(
+        cli, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    from vgpumgr.errors import Unavailable
+    from vgpumgr.ops import placement_apply
+
+    def fails(*_a: object, **_k: object) -> None:
+        raise Unavailable("the database went away")
+
+    monkeypatch.setattr(placement_apply, "record", fails)  # equal size on Ada/R570+: the driver's ID is recorded
+    rc, _, err = cli("vm", "create", "a", "--vgpu", "L40S-12Q")
+    assert rc == 8 and "the database went away" in err, err
+    assert placement_files(cli.root) == {}  # no VF keeps a type (and so a placement) behind
+    typed = [d.name for d in (cli.root / "sys/bus/pci/devices").iterdir()
+             if (d / "nvidia/current_vgpu_type").exists() and (d / "nvidia/current_vgpu_type").read_text().strip()
+             not in ("", "0")]
+    assert typed == [] and json.loads(cli("placements", "--json")[1]) == []

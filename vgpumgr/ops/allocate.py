@@ -20,7 +20,7 @@ from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
 from vgpumgr.ops import boot_records, leases, placement_apply
-from vgpumgr.ops.context import FAILED, Context
+from vgpumgr.ops.context import FAILED, Context, suppress
 from vgpumgr.ops.records import allocation_dict, placed
 from vgpumgr.placement import Allocation as PlacedAlloc
 from vgpumgr.placement import Decision, Policy, Request
@@ -129,6 +129,7 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
     if c is None:
         raise err
     leases.crash_point("reserved")
+    made = False
     try:
         if c.backend == BACKEND_MDEV:
             mdev_backend.create(svc.host, c.parent, c.type, new_uuid)
@@ -136,11 +137,18 @@ def _allocate_locked(svc: Context, type_name: str, vm: str | None, policy: Polic
             vendor_vf.claim(svc.host, c.parent)  # nothing to write: libvirt hands the whole VF over (managed)
         else:
             nvidia_vf.set_type(svc.host, c.parent, c.type)
+        made = c.backend in (BACKEND_MDEV, BACKEND_NVIDIA_VF)
         if c.placement_id is not None:
             placement_apply.give(svc, row.id, c, new_uuid)
-        elif c.backend in (BACKEND_MDEV, BACKEND_NVIDIA_VF):  # equal size on Ada+/R570+: the driver's own choice
+        elif made:  # equal size on Ada+/R570+: the driver's own choice
             placement_apply.observe(svc, row, c, new_uuid)
     except BaseException as e:
+        if made:  # nothing half-made: the vGPU goes with a refused placement or a record that could not be written
+            with suppress():
+                if c.backend == BACKEND_MDEV:
+                    mdev_backend.remove(svc.host, new_uuid)
+                else:
+                    nvidia_vf.clear_type(svc.host, c.parent, retries=1)
         _rollback_allocation(svc, row.id, e, actor)
         svc.invalidate()
         raise

@@ -13,28 +13,18 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm.attributes import set_committed_value
 
-from vgpumgr.backends import mdev as mdev_backend
-from vgpumgr.backends import nvidia_vf
 from vgpumgr.backends import placement_id as pid_backend
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.discovery.placement_id import placement_id as read_placement
 from vgpumgr.model import BACKEND_MDEV
-from vgpumgr.ops.context import Context, suppress
+from vgpumgr.ops.context import Context
 
 
 def give(svc: Context, row_id: int, choice: Any, uuid: str | None) -> int | None:
     """Apply `choice.placement_id` to the new vGPU; returns what the driver holds (None: R550, at VM start)."""
     d = pid_backend.device_dir(svc.host, uuid=uuid if choice.backend == BACKEND_MDEV else None,
                                vf=None if choice.backend == BACKEND_MDEV else choice.parent)
-    try:
-        got = pid_backend.apply(svc.host, d, choice.placement_id)
-    except BaseException:
-        with suppress():  # nothing half-made: the vGPU goes with its refused placement
-            if choice.backend == BACKEND_MDEV and uuid:
-                mdev_backend.remove(svc.host, uuid)
-            else:
-                nvidia_vf.clear_type(svc.host, choice.parent, retries=1)
-        raise
+    got = pid_backend.apply(svc.host, d, choice.placement_id)  # refused: the caller removes the vGPU
     held = got.placement_id if got.placement_id is not None else choice.placement_id
     if held != choice.placement_id:
         record(svc, row_id, held, got.interface)
