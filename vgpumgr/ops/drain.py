@@ -29,20 +29,25 @@ from vgpumgr.remote import Remote
 DRAIN = "host.drain"
 
 
+def _running_vms(svc: Context) -> list[str]:
+    """The VMs running here with a vGPU vgpumgr recorded."""
+    with svc.virt() as v:
+        running = {d["name"] for d in v.list() if d["state"] in RUNNING}
+    return sorted({a["vm"] for a in alloc.allocations(svc, live=True) if a["vm"] in running})
+
+
 def drain(svc: Context, destinations: list[tuple[str, Remote | None]] | None, *, reason: str | None = None,
           actor: str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`destinations`: (libvirt URI, its vgpumgr service or None), tried in order for each VM; none: the fleet's
     choice for each VM."""
-    with svc.virt() as v:
-        running = {d["name"] for d in v.list() if d["state"] in RUNNING}
-    vms = sorted({a["vm"] for a in alloc.allocations(svc, live=True) if a["vm"] in running})
     # with nothing running here, draining is only the cordon (a rolling upgrade's first step on an idle host)
-    if vms and not destinations and not any(h["host"] != svc.hostname for h in fleet_ops.hosts(svc)):
+    if not destinations and not any(h["host"] != svc.hostname for h in fleet_ops.hosts(svc)) and _running_vms(svc):
         raise InvalidInput("no destination to drain to: none given, and no other host of a fleet has published",
                            hint="give one or more --to URI (qemu+ssh://HOST/system), or share VGPUMGR_DB with the "
                                 "other hosts (each running `vgpumgr serve`) so the fleet can choose")
     say = say or (lambda _line: None)
     cordon = cordon_host(svc, reason=reason or "draining", actor=actor)
+    vms = _running_vms(svc)  # read again once cordoned: nothing can arrive after this list
     moved, stayed = [], []
     for n, vm in enumerate(vms, 1):
         reasons: dict[str, str] = {}
