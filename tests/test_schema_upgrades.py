@@ -74,3 +74,20 @@ def test_the_last_step_downgrades_and_upgrades_again_with_data(tmp_path: Path) -
         assert dbs.current_revision(url) == head.revision and _counts(url) == before
     finally:
         dbs.dispose_engine(url)
+
+
+def test_a_backup_before_the_upgrade_keeps_the_old_schema(tmp_path: Path) -> None:
+    old = schema.steps()[-2].revision
+    url = _load(FIXTURES / f"{old}.sql", tmp_path / "old.db")
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        rc = main(["--db", url, "db", "backup", str(tmp_path / "before.db")], out, err)
+        assert rc == 0, err.getvalue()
+        assert dbs.current_revision(url) == old  # the database itself was not upgraded by the backup
+        with closing(sqlite3.connect(tmp_path / "before.db")) as conn:
+            assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == old
+        missing = f"sqlite:///{tmp_path / 'none.db'}"
+        assert main(["--db", missing, "db", "backup", str(tmp_path / "x.db")], io.StringIO(), err) == 3
+        assert "there is no database" in err.getvalue() and not (tmp_path / "none.db").exists()
+    finally:
+        dbs.dispose_engine(url)

@@ -137,8 +137,9 @@ def backup(url: str, dest: Path, *, force: bool = False) -> Copy:
     """SQLite's online backup API: a consistent copy while the service keeps writing (the write-ahead log
     included, which a `cp` of the database file misses), made beside `dest` and renamed into place once its
     audit chain verifies; 0600."""
-    src = _sqlite_path(url, "backup")
-    ensure_schema(url)
+    src = _sqlite_path(url, "backup")  # copied as it is: a backup before `db upgrade` must keep the old schema
+    if not src.is_file():
+        raise NotFound(f"there is no database at {src}", hint="check --db / VGPUMGR_DB")
     dest = dest.absolute()
     if dest.exists() and not force:
         raise Conflict(f"{dest} exists", hint="name a new file, or add --force to replace it")
