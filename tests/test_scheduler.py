@@ -206,6 +206,12 @@ def test_persist_writes_the_documented_values(sim: tuple[Path, tuple[str, ...]],
     other = tmp_path / "elsewhere.conf"
     res = json.loads(ok(*g, "scheduler", "persist", "--file", str(other), "--json"))
     assert res["values"] == {T4: "0x3c3c0001", L40S: "0x00180011"} and other.is_file()
+    mine = tmp_path / "mine.conf"  # a file vgpumgr did not write is neither replaced nor removed
+    mine.write_text("options nvidia NVreg_Something=1\n")
+    rc, _, err = run(*g, "scheduler", "persist", "--file", str(mine))
+    assert rc == 4 and "not written by `vgpumgr scheduler persist`" in err and mine.read_text().startswith("options")
+    rc, _, err = run(*g, "scheduler", "persist", "--file", "/proc/no-such/dir/x.conf")
+    assert rc not in (0, 70) and "writing /proc/no-such/dir/x.conf failed" in err, (rc, err)
 
 
 # -- the RmPVMRL encoder against every value NVIDIA documents --------------------------------------------

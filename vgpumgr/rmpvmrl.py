@@ -89,16 +89,28 @@ def options_line(per_gpu: dict[str, int]) -> str:
     return f'options nvidia NVreg_RegistryDwordsPerDevice="{";".join(parts)}"'
 
 
+HEADER = "# Written by `vgpumgr scheduler persist`"
+
+
 def write(path: Path, per_gpu: dict[str, int]) -> str:
-    """Write the options file (atomically); returns its text. No GPU left: the file is removed."""
-    text = ("# Written by `vgpumgr scheduler persist`: the vGPU scheduler of each GPU, read by the nvidia module\n"
+    """Write the options file (atomically); returns its text. No GPU left: the file is removed. A file that
+    vgpumgr did not write (no header) is neither replaced nor removed."""
+    from vgpumgr.errors import Conflict, from_oserror
+
+    text = (f"{HEADER}: the vGPU scheduler of each GPU, read by the nvidia module\n"
             "# when it loads (reload the NVIDIA driver or reboot for a change to take effect).\n"
             + options_line(per_gpu) + "\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not per_gpu:
-        path.unlink(missing_ok=True)
-        return ""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        if path.exists() and not path.read_text(encoding="utf-8", errors="replace").startswith(HEADER):
+            raise Conflict(f"{path} exists and was not written by `vgpumgr scheduler persist`",
+                           hint="name another file with --file, or move that one away")
+        if not per_gpu:
+            path.unlink(missing_ok=True)
+            return ""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise from_oserror(e, f"writing {path}", hint="choose a --file in a directory you can write") from e
     return text
