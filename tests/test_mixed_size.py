@@ -74,6 +74,10 @@ def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None
     rc, out, err = cli("reconcile", "--json")  # the mode the driver forgot is drift until restore sets it again
     assert rc == 10 and json.loads(out)["vgpu_mode_drift"] == [
         {"gpu": L40S, "recorded": "mixed", "actual": "equal", "why": json.loads(out)["vgpu_mode_drift"][0]["why"]}]
+    # --fix makes no vGPU there (one would keep the mode from being set again) and still says the mode is drift
+    rc, out, err = cli("reconcile", "--fix")
+    assert rc != 0 and "lost its recorded vGPU mode" in out + err and "`vgpumgr restore` sets the mode" in out + err
+    assert placement_files(cli.root) == {}
     rc, out, err = cli("restore")
     assert rc == 0, out + err
     lines = out.splitlines()
@@ -84,6 +88,16 @@ def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None
     rc, out, err = cli("restore")
     assert rc == 0 and "done" not in out  # nothing left to do
     assert json.loads(cli("reconcile", "--json")[1])["vgpu_mode_drift"] == []
+    # a vGPU gone by itself comes back through reconcile --fix at its recorded placement (first free would be 42)
+    from vgpumgr.backends import nvidia_vf
+    from vgpumgr.host import Host
+
+    vf5 = records(cli)["vm5"][2]
+    nvidia_vf.clear_type(Host(cli.root), vf5, retries=1)
+    assert vf5 not in placement_files(cli.root)
+    rc, out, err = cli("reconcile", "--fix")
+    assert rc == 0 and vf5 in out, out + err
+    assert placement_files(cli.root) == before
 
 
 def test_explain_names_the_fragmentation_golden(cli) -> None:  # noqa: ANN001

@@ -239,9 +239,10 @@ def reconcile(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"  error: {e}\n")
     if r["errors"]:
         return 1
+    unfixed = r.get("vgpu_mode_drift") or r.get("vendor_drift")  # only `restore` sets these again
     differs = (r["missing"] or r["unknown"] or r["dead_reservations"] or r["stale_records"] or r.get("scheduler_drift")
-               or r.get("vgpu_mode_drift") or r.get("vendor_drift"))
-    return 0 if (args.fix or not differs) else 10
+               or unfixed)
+    return 10 if unfixed or (differs and not args.fix) else 0
 
 
 def _stale_line(out: TextIO, st: dict[str, Any]) -> None:

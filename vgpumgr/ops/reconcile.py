@@ -15,7 +15,7 @@ from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import leases, restore_vendor, stale, vgpu_mode
 from vgpumgr.ops import scheduler as scheduler_ops
-from vgpumgr.ops.context import FAILED, OK, WARNING, Context
+from vgpumgr.ops.context import FAILED, OK, WARNING, Context, suppress
 from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
 
 
@@ -58,17 +58,24 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
                 stale_done.append(done)
                 if done["action"] == "failed":
                     errors.append(f"{c.ref}: {done['error']}")
+            # a vGPU made on a GPU whose mixed-size mode the driver lost would keep the mode from being set again
+            lost_mode = {d["gpu"] for d in vgpu_mode.drift(svc, inv)}
             for a in missing:
                 try:
+                    if (a["gpu"] or a["parent"]) in lost_mode:
+                        raise VgpuError(f"GPU {a['gpu'] or a['parent']} lost its recorded vGPU mode",
+                                        hint="`vgpumgr restore` sets the mode again before it makes the vGPUs")
                     if a["backend"] == BACKEND_MDEV:
                         ensure_vnpu_mode(svc, a["parent"], a["type"], actor)  # an Ascend vNPU needs VM mode
                         mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
+                        _give_placement(svc, a)
                         restored.append(a["uuid"])
                     elif a["backend"] == BACKEND_VF:
                         raise VgpuError(f"VF {a['pci_address']} is gone", hint="`vgpumgr restore` enables the "
                                         "recorded VFs (and the vendor's steps before them)")
                     else:
                         nvidia_vf.set_type(svc.host, a["pci_address"], a["type"])
+                        _give_placement(svc, a)
                         restored.append(a["pci_address"])
                 except VgpuError as e:
                     errors.append(f"{a.get('uuid') or a.get('pci_address')}: {e}")
@@ -93,10 +100,31 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
         report["scheduler_drift"] = scheduler_ops.drift_report(svc.cfg, fix=fix, actor=actor)
         report["vgpu_mode_drift"] = vgpu_mode.drift(svc, svc.snapshot().inventory)
         report["vendor_drift"] = restore_vendor.drift(svc)
-        differs = (missing or unknown or dead or found_stale or report["scheduler_drift"]
-                   or report["vgpu_mode_drift"] or report["vendor_drift"])
+        unfixed = report["vgpu_mode_drift"] or report["vendor_drift"]  # only `restore` sets these again
+        differs = missing or unknown or dead or found_stale or report["scheduler_drift"] or unfixed
         with svc.tx() as s:
-            svc.event(s, audit.RECONCILE, FAILED if errors else (WARNING if differs and not fix else OK), actor=actor,
+            outcome = FAILED if errors else (WARNING if (differs and not fix) or unfixed else OK)
+            svc.event(s, audit.RECONCILE, outcome, actor=actor,
                        detail={k: v for k, v in report.items() if k != "missing_detail"})
         return report
 
+
+def _give_placement(svc: Context, a: dict[str, Any]) -> None:
+    """A vGPU made again gets the placement ID vgpumgr chose for it (mixed size), read back; refused, it goes
+    again (still missing: `vgpumgr restore` makes it in the driver's order)."""
+    want = a.get("placement_id")
+    if want is None or a.get("placement_by") == "driver":
+        return
+    from vgpumgr.backends import placement_id as pid_backend
+
+    mdev = a["backend"] == BACKEND_MDEV
+    d = pid_backend.device_dir(svc.host, uuid=a["uuid"] if mdev else None, vf=None if mdev else a["pci_address"])
+    try:
+        pid_backend.apply(svc.host, d, int(want))
+    except VgpuError:
+        with suppress():
+            if mdev:
+                mdev_backend.remove(svc.host, a["uuid"])
+            else:
+                nvidia_vf.clear_type(svc.host, a["pci_address"], retries=1)
+        raise
