@@ -4,6 +4,7 @@ fragmentation named, `--placement-id`, and `restore` after a reboot giving the m
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,24 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
 
     call.root = root  # type: ignore[attr-defined]
     return call
+
+
+@pytest.fixture(autouse=True)
+def _forget_test_domains() -> Iterator[None]:
+    """libvirt's test:///default keeps its domains while any connection of this process is open: the next test
+    starts without this one's VMs."""
+    yield
+    import libvirt
+
+    conn = libvirt.open("test:///default")
+    try:
+        for d in conn.listAllDomains():
+            if d.name() != "test":
+                if d.isActive():
+                    d.destroy()
+                d.undefine()
+    finally:
+        conn.close()
 
 
 def placement_files(root: Path) -> dict[str, str]:
