@@ -114,3 +114,13 @@ def test_cost_counts_what_still_fits_not_starts() -> None:
     assert pid.cost(48, types, [], 0, 2) == 24 + 2
     assert pid.cost(48, types, [], 22, 2) == 24 + 2
     assert pid.max_count(48, pid.supported(48, 2), 2, pid.free_mask(48, [(0, 24)])) == 8
+
+
+def test_equal_size_ids_step_by_the_placement_size_and_other_sizes_are_cleared() -> None:
+    assert pid.homogeneous_slots(48, 12, 4) == (12, (0, 12, 24, 36))
+    # a 96 GB Blackwell's 2 GB type takes 3 GB slots: its equal-size IDs are j * 3, within the region
+    size, ids = pid.homogeneous_slots(96, 2, 32, pid.BLACKWELL)
+    assert size == 3 and ids == tuple(range(0, 96, 3)) and ids[-1] + size <= 96
+    assert pid.creatable_in_mode(48, (0, 12, 24, 36), 12, [(0, 12)], equal=True) == [12, 24, 36]
+    assert pid.creatable_in_mode(48, (0, 8, 16, 24, 32, 40), 8, [(0, 12)], equal=True) == []  # another size
+    assert pid.creatable_in_mode(48, (0, 8, 16, 24, 32, 40), 8, [(0, 12)], equal=False) == [16, 24, 32, 40]

@@ -78,6 +78,22 @@ def homogeneous(size_gb: int, max_instance: int) -> tuple[int, ...]:
     return tuple(j * size_gb for j in range(max_instance))
 
 
+def homogeneous_slots(region_gb: int, size_gb: int, max_instance: int, arch: str = ADA) -> tuple[int, tuple[int, ...]]:
+    """(placement size, equal-size-mode IDs) of a type: `j * placementSize` for j < max_instance, within the
+    region (the driver's `homogeneousSupportedPlacementId`)."""
+    size = placement_size(region_gb, size_gb, arch)
+    return size, homogeneous(size, min(max_instance, region_gb // size))
+
+
+def creatable_in_mode(region_gb: int, ids: Iterable[int], size: int, occupied: Occupied, *, equal: bool
+                      ) -> list[int]:
+    """`creatable`, and in equal-size mode (homogeneous IDs) none for another size than the vGPUs' (the driver
+    clears every other size's IDs while a vGPU exists)."""
+    if equal and any(s != size for _, s in occupied):
+        return []
+    return creatable(region_gb, ids, size, occupied)
+
+
 def free_mask(region_gb: int, occupied: Occupied) -> list[bool]:
     used = [False] * region_gb
     for start, size in occupied:

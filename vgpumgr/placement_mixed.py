@@ -49,7 +49,7 @@ def _slots(px: Any, phys: str, info: Any, region: int, homogeneous: bool = False
     arch = _arch(info.name)
     maxi = info.max_instance or pid.equal_max(region, size_gb)
     if homogeneous:
-        return pid.placement_size(region, size_gb, arch), pid.homogeneous(size_gb, min(maxi, region // size_gb))
+        return pid.homogeneous_slots(region, size_gb, maxi, arch)
     return pid.placement_size(region, size_gb, arch), pid.supported(region, size_gb, maxi, arch)
 
 

@@ -49,10 +49,10 @@ def slot_map(svc: Context, gpu: str) -> dict[str, Any]:
         if not info.framebuffer_mb or info.mig_profile:
             continue
         size, supported = _slots(px, gpu, info, region, homogeneous)
-        other_size = homogeneous and any(s != size for _, s in occupied)  # equal size: only the first vGPU's size
         out["types"].append({"type": info.type, "name": info.name, "placement_size": size,
                              "supported": list(supported),
-                             "creatable": [] if other_size else pid.creatable(region, supported, size, occupied)})
+                             "creatable": pid.creatable_in_mode(region, supported, size, occupied,
+                                                                equal=homogeneous)})
     out["used_gb"] = sum(s for _, s in occupied)
     return out
 

@@ -48,7 +48,7 @@ def slots(gpu: dict[str, Any], t: dict[str, Any], mixed: bool | None = None) -> 
     arch = gpu.get("arch") or pid.ADA
     if mixed:
         return pid.placement_size(r, size_gb, arch), pid.supported(r, size_gb, t["max_instance"], arch)
-    return size_gb, pid.homogeneous(size_gb, t["max_instance"])
+    return pid.homogeneous_slots(r, size_gb, t["max_instance"], arch)
 
 
 def occupied(gpu: dict[str, Any]) -> list[tuple[int, int]]:
@@ -66,10 +66,7 @@ def creatable_ids(gpu: dict[str, Any], t: dict[str, Any], mixed: bool | None = N
     vGPU's placement size; every other size has none while a vGPU exists (the driver invalidates them)."""
     mixed = gpu.get("heterogeneous", False) if mixed is None else mixed
     size, ids = slots(gpu, t, mixed)
-    taken = occupied(gpu)
-    if not mixed and any(s != size for _, s in taken):
-        return []
-    return pid.creatable(region(gpu), ids, size, taken)
+    return pid.creatable_in_mode(region(gpu), ids, size, occupied(gpu), equal=not mixed)
 
 
 def tracked(gpu: dict[str, Any]) -> bool:
