@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from lxml import etree
 from simhost import run
 
 from api import tokens
@@ -346,3 +347,40 @@ def test_the_libvirt_prepare_hook_hands_qemu_the_current_token(lab: Host, tmp_pa
     assert res["licence"]["fingerprint"] is None and Path(path).read_bytes() == b""
     [row] = [r for r in json.loads(lab.cli("license", "delivery", "hooked", "--json"))]
     assert "no licence token is set" in row["error"]
+
+
+def test_a_domain_with_another_tools_fwcfg_item_validates_and_takes_the_token(lab: Host, tmp_path: Path) -> None:
+    """OVMF's own items (opt/ovmf/X-PciMmio64Mb, for a large-BAR GPU) are not vgpumgr's to name: a domain that
+    carries one validates, and changing its delivery keeps that item while the token's item comes and goes."""
+    token = make_token()
+    (tmp_path / "nls.tok").write_bytes(token)
+    lab.cli("license", "token", "set", str(tmp_path / "nls.tok"))
+    lab.cli("vm", "create", "bar", "--vgpu", "L40S-4Q", "--licence-delivery", "agent")
+    svc = Service(lab.cfg)
+    root = domain.parse_xml(svc.vm_xml("bar"))
+    domain.set_fwcfg(root, [("opt/ovmf/X-PciMmio64Mb", "/unused")], "opt/ovmf/")
+    entry = root.find("sysinfo/entry")
+    del entry.attrib["file"]
+    entry.text = "262144"
+    xml = etree.tostring(root, encoding="unicode")
+    domain.validate(xml)  # libvirt's domain.rng accepts it, and so must vgpumgr's own checks
+    svc.virt().define(xml, replace=True)
+    assert domain.fwcfg_entries(svc.vm_xml("bar")) == [("opt/ovmf/X-PciMmio64Mb", None)]
+
+    lab.cli("license", "delivery", "bar", "fwcfg")
+    copy = lab.state / "fwcfg" / f"{lab.vm_uuid('bar')}.tok"
+    xml = svc.vm_xml("bar")
+    assert domain.fwcfg_entries(xml) == [("opt/ovmf/X-PciMmio64Mb", None),
+                                         ("opt/dev.vgpumgr/nls/ft1/client_configuration_token", str(copy))]
+    domain.validate(xml)
+    assert copy.read_bytes() == token
+    lab.cli("license", "delivery", "bar", "agent")
+    assert domain.fwcfg_entries(svc.vm_xml("bar")) == [("opt/ovmf/X-PciMmio64Mb", None)]
+    # vgpumgr's own items are still held to its rules, and a name given twice is refused whoever gave it
+    from vgpumgr.errors import InvalidInput
+
+    root = domain.parse_xml(xml)
+    etree.SubElement(root.find("sysinfo"), "entry", name="opt/dev.vgpumgr/with space", file=str(copy))
+    etree.SubElement(root.find("sysinfo"), "entry", name="opt/ovmf/X-PciMmio64Mb").text = "1"
+    with pytest.raises(InvalidInput, match=r"'opt/dev.vgpumgr/with space' is not usable.*given twice"):
+        domain.validate(etree.tostring(root, encoding="unicode"))
