@@ -384,3 +384,35 @@ def test_a_domain_with_another_tools_fwcfg_item_validates_and_takes_the_token(la
     etree.SubElement(root.find("sysinfo"), "entry", name="opt/ovmf/X-PciMmio64Mb").text = "1"
     with pytest.raises(InvalidInput, match=r"'opt/dev.vgpumgr/with space' is not usable.*given twice"):
         domain.validate(etree.tostring(root, encoding="unicode"))
+
+
+def test_token_set_reads_no_more_than_the_limit_from_a_pipe_or_a_device(lab: Host, tmp_path: Path) -> None:
+    """A FIFO that never ends (or /dev/zero) is refused after one byte past the limit, not read to its end."""
+    import threading
+
+    fifo = tmp_path / "endless.tok"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "wb") as f:
+            f.write(b"x" * (licence_token.MAX_TOKEN_BYTES + 1))
+            f.flush()
+            done.wait(30)  # held open: a reader that waits for the end waits until then
+
+    results: list[tuple[int, str, str]] = []
+    threads = [threading.Thread(target=writer, daemon=True),
+               threading.Thread(target=lambda: results.append(run(
+                   "--sysfs-root", str(lab.root), "--state-dir", str(lab.state), "--connect", "test:///default",
+                   "license", "token", "set", str(fifo))), daemon=True)]
+    for t in threads:
+        t.start()
+    threads[1].join(15)
+    finished = not threads[1].is_alive()
+    done.set()
+    assert finished, "`license token set FIFO` read past the size limit"
+    [(code, _out, err)] = results
+    assert code == 2 and f"more than {licence_token.MAX_TOKEN_BYTES} bytes" in err
+    lab.cli("license", "token", "set", "/dev/zero", rc=2)
+    assert "/dev/zero has more than" in lab.outputs[-1]
+    assert licence_token.all_info(lab.state) == []
