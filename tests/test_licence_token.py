@@ -416,3 +416,41 @@ def test_token_set_reads_no_more_than_the_limit_from_a_pipe_or_a_device(lab: Hos
     lab.cli("license", "token", "set", "/dev/zero", rc=2)
     assert "/dev/zero has more than" in lab.outputs[-1]
     assert licence_token.all_info(lab.state) == []
+
+
+def test_a_vm_that_leaves_fwcfg_loses_its_token_copy(lab: Host, tmp_path: Path) -> None:
+    """The per-VM copy (readable by QEMU's group) exists only while the VM's delivery is fwcfg: switching the VM
+    to agent or none removes it, and a token change rewrites only the copies of VMs still in fwcfg mode."""
+    first, second = make_token(), make_token()
+    (tmp_path / "1.tok").write_bytes(first)
+    (tmp_path / "2.tok").write_bytes(second)
+    lab.cli("license", "token", "set", str(tmp_path / "1.tok"))
+    lab.cli("vm", "create", "a", "--vgpu", "L40S-4Q")
+    lab.cli("vm", "create", "b", "--vgpu", "L40S-4Q")
+    copy_a = lab.state / "fwcfg" / f"{lab.vm_uuid('a')}.tok"
+    copy_b = lab.state / "fwcfg" / f"{lab.vm_uuid('b')}.tok"
+    assert copy_a.read_bytes() == first and copy_b.read_bytes() == first
+    lab.cli("license", "delivery", "a", "agent")
+    assert not copy_a.exists() and domain.fwcfg_entries(lab.cli("vm", "xml", "a")) == []
+    lab.cli("license", "delivery", "a", "fwcfg")
+    assert copy_a.read_bytes() == first and domain.fwcfg_entries(lab.cli("vm", "xml", "a"))
+    lab.cli("license", "delivery", "a", "none")
+    assert not copy_a.exists()
+    # the pool's delivery becomes agent (b's XML is left until its next refresh): the next token change rewrites
+    # a's copy (fwcfg chosen for the VM itself) and removes b's
+    lab.cli("license", "delivery", "a", "fwcfg")
+    lab.cli("license", "delivery", "--pool", "lab-vws", "agent")
+    assert copy_b.read_bytes() == first
+    out = lab.cli("license", "token", "set", str(tmp_path / "2.tok"))
+    assert copy_a.read_bytes() == second and not copy_b.exists()
+    assert "1 VM fw_cfg copy refreshed" in out
+
+
+def test_an_unchanged_token_copy_still_gets_its_permissions(tmp_path: Path) -> None:
+    data = make_token()
+    path = licence_token.write_vm_copy(tmp_path, "5f0c2e1a-3b4d-4c5e-8f60-718293a4b5c6", data)
+    os.chmod(path, 0o644)
+    assert licence_token.write_vm_copy(tmp_path, "5f0c2e1a-3b4d-4c5e-8f60-718293a4b5c6", data) == path
+    gid = licence_token._qemu_group() if os.geteuid() == 0 else None
+    assert stat.S_IMODE(path.stat().st_mode) == (0o640 if gid is not None else 0o600)
+    assert path.stat().st_gid == (gid if gid is not None else os.getegid())

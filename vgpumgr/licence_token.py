@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -246,12 +247,29 @@ def write_vm_copy(state_dir: Path, vm_uuid: str, data: bytes) -> Path:
     os.chmod(d, 0o711)
     path = fwcfg_path(state_dir, vm_uuid)
     gid = _qemu_group() if os.geteuid() == 0 else None
-    if path.is_file() and path.read_bytes() == data:
+    mode = 0o640 if gid is not None else 0o600
+    if _same_copy(path, data, mode, gid):
         return path
-    _write_private(path, data, 0o640 if gid is not None else 0o600)
+    _write_private(path, data, mode)
     if gid is not None:
         os.chown(path, 0, gid)
     return path
+
+
+def _same_copy(path: Path, data: bytes, mode: int, gid: int | None) -> bool:
+    """True when `path` is a regular file holding `data`, left with `mode` and owned by root:`gid` (when
+    given) so an unchanged copy still gets the permissions a new one would."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or f.read(len(data) + 1) != data:
+            return False
+        os.fchmod(fd, mode)
+        if gid is not None:
+            os.fchown(fd, 0, gid)
+    return True
 
 
 def remove_vm_copy(state_dir: Path, vm_uuid: str) -> bool:
