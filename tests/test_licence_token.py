@@ -454,3 +454,23 @@ def test_an_unchanged_token_copy_still_gets_its_permissions(tmp_path: Path) -> N
     gid = licence_token._qemu_group() if os.geteuid() == 0 else None
     assert stat.S_IMODE(path.stat().st_mode) == (0o640 if gid is not None else 0o600)
     assert path.stat().st_gid == (gid if gid is not None else os.getegid())
+
+
+def test_setting_the_same_token_again_restarts_no_guest_service(lab: Host, tmp_path: Path) -> None:
+    token = make_token()
+    (tmp_path / "nls.tok").write_bytes(token)
+    lab.cli("license", "token", "set", str(tmp_path / "nls.tok"))
+    lab.cli("vm", "create", "ag", "--vgpu", "L40S-4Q", "--start", "--licence-delivery", "agent")
+    lab.cli("sim", "guest", "start", lab.vgpu("ag"), "--os", "linux", "--licensing", "token")
+    lab.cli("license", "deliver", "ag")
+    log = lab.guest("ag") / "services.log"
+    assert log.read_text().count("restart nvidia-gridd") == 1
+    out = lab.cli("license", "token", "set", str(tmp_path / "nls.tok"))
+    assert out.startswith("licence token unchanged for every VM") and "ag:" not in out
+    assert log.read_text().count("restart nvidia-gridd") == 1
+    events = [e for e in json.loads(lab.cli("audit", "list", "--json")) if e["action"] == "licence.token.set"]
+    assert len(events) == 2  # the second set is still audited
+    (tmp_path / "new.tok").write_bytes(make_token())
+    out = lab.cli("license", "token", "set", str(tmp_path / "new.tok"))
+    assert "licence token changed" in out and "ag: delivered through the guest agent" in out
+    assert log.read_text().count("restart nvidia-gridd") == 2

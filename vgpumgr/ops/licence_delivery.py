@@ -275,7 +275,8 @@ def refresh_copies(svc: Context) -> int:
 # -- the token -----------------------------------------------------------------------------------------
 def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str | None = None) -> dict[str, Any]:
     """Store the token (for every VM, or for `pool`'s), audit it by fingerprint, refresh the VMs' fw_cfg copies
-    and push it to the running agent VMs. The answer carries what may be shown, never the token."""
+    and push it to the running agent VMs (neither when it is the token already set: no guest's licensing service
+    restarts for nothing). The answer carries what may be shown, never the token."""
     scope = licence_token.scope_of(pool)
     if pool is not None:
         with svc.sessions() as s:
@@ -286,6 +287,8 @@ def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str 
               "replaced": old.fingerprint if old else None}
     with svc.tx() as s:
         svc.event(s, TOKEN_SET, actor=actor, detail=detail)
+    if old is not None and old.fingerprint == new.fingerprint:  # the same token again: the VMs already have it
+        return {**detail, "action": TOKEN_SET, "expired": new.expired(), "fw_cfg_copies": 0, "agent": []}
     return {**detail, "action": TOKEN_SET, "expired": new.expired(), "fw_cfg_copies": refresh_copies(svc),
             "agent": deliver_agent_vms(svc, actor=actor)}
 
