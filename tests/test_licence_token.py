@@ -474,3 +474,14 @@ def test_setting_the_same_token_again_restarts_no_guest_service(lab: Host, tmp_p
     out = lab.cli("license", "token", "set", str(tmp_path / "new.tok"))
     assert "licence token changed" in out and "ag: delivered through the guest agent" in out
     assert log.read_text().count("restart nvidia-gridd") == 2
+
+
+def test_token_copy_names_follow_the_one_uuid_rule() -> None:
+    """A copy is named by the VM's UUID (8-4-4-4-12, as vgpumgr.ids reads it) or else by its VM name: a VM named
+    like 32 hex digits is a name, not a malformed UUID."""
+    state = Path("/state")
+    upper = "5F0C2E1A-3B4D-4C5E-8F60-718293A4B5C6"
+    assert licence_token.fwcfg_path(state, upper).name == upper.lower() + ".tok"
+    hexname = "5f0c2e1a3b4d4c5e8f60718293a4b5c6"
+    assert licence_token.fwcfg_path(state, hexname).name == hexname + ".tok"
+    assert licence_token.fwcfg_path(state, "pve-106").name == "pve-106.tok"

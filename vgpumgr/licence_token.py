@@ -37,7 +37,6 @@ TOKEN_DIR = "licence-token"
 FWCFG_DIR_ENV = "VGPUMGR_FWCFG_DIR"
 MAX_TOKEN_BYTES = 64 * 1024
 DEFAULT = "default"
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # the group libvirt's QEMU runs as, by distribution (Debian/Ubuntu, Fedora/RHEL/SUSE)
 QEMU_GROUPS = ("libvirt-qemu", "qemu", "kvm")
@@ -225,7 +224,7 @@ def fwcfg_path(state_dir: Path, vm_key: str) -> Path:
     """The copy for a VM: by its libvirt UUID, or by its name where vgpumgr knows no UUID (Proxmox's pve-<vmid>)."""
     from vgpumgr import ids
 
-    key = ids.mdev_uuid(vm_key) if _UUID.match(vm_key or "") else ids.vm_name(vm_key)
+    key = ids.mdev_uuid(vm_key) if ids.is_mdev_uuid(vm_key or "") else ids.vm_name(vm_key)
     return fwcfg_dir(state_dir) / f"{key}.tok"
 
 

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from vgpumgr import ids, licence_token, licensing
 from vgpumgr.db.models import LicenceDelivery, LicenceLease, LicencePool, Vm
-from vgpumgr.errors import InvalidInput, NotFound, Unavailable, VgpuError
+from vgpumgr.errors import InvalidInput, NotFound, VgpuError
 from vgpumgr.ops.context import FAILED, Context
 
 MODES = ("fwcfg", "agent", "none")
@@ -349,7 +349,7 @@ def deliver_agent_vms(svc: Context, *, actor: str | None = None) -> list[dict[st
     for vm in names:
         try:
             out.append(deliver(svc, vm, actor=actor))
-        except (VgpuError, Unavailable) as e:
+        except VgpuError as e:
             out.append({"vm": vm, "error": e.message, "outcome": FAILED})
     return out
 
