@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from lxml import etree
 from simhost import run
 
 from api import tokens
@@ -346,3 +347,141 @@ def test_the_libvirt_prepare_hook_hands_qemu_the_current_token(lab: Host, tmp_pa
     assert res["licence"]["fingerprint"] is None and Path(path).read_bytes() == b""
     [row] = [r for r in json.loads(lab.cli("license", "delivery", "hooked", "--json"))]
     assert "no licence token is set" in row["error"]
+
+
+def test_a_domain_with_another_tools_fwcfg_item_validates_and_takes_the_token(lab: Host, tmp_path: Path) -> None:
+    """OVMF's own items (opt/ovmf/X-PciMmio64Mb, for a large-BAR GPU) are not vgpumgr's to name: a domain that
+    carries one validates, and changing its delivery keeps that item while the token's item comes and goes."""
+    token = make_token()
+    (tmp_path / "nls.tok").write_bytes(token)
+    lab.cli("license", "token", "set", str(tmp_path / "nls.tok"))
+    lab.cli("vm", "create", "bar", "--vgpu", "L40S-4Q", "--licence-delivery", "agent")
+    svc = Service(lab.cfg)
+    root = domain.parse_xml(svc.vm_xml("bar"))
+    domain.set_fwcfg(root, [("opt/ovmf/X-PciMmio64Mb", "/unused")], "opt/ovmf/")
+    entry = root.find("sysinfo/entry")
+    del entry.attrib["file"]
+    entry.text = "262144"
+    xml = etree.tostring(root, encoding="unicode")
+    domain.validate(xml)  # libvirt's domain.rng accepts it, and so must vgpumgr's own checks
+    svc.virt().define(xml, replace=True)
+    assert domain.fwcfg_entries(svc.vm_xml("bar")) == [("opt/ovmf/X-PciMmio64Mb", None)]
+
+    lab.cli("license", "delivery", "bar", "fwcfg")
+    copy = lab.state / "fwcfg" / f"{lab.vm_uuid('bar')}.tok"
+    xml = svc.vm_xml("bar")
+    assert domain.fwcfg_entries(xml) == [("opt/ovmf/X-PciMmio64Mb", None),
+                                         ("opt/dev.vgpumgr/nls/ft1/client_configuration_token", str(copy))]
+    domain.validate(xml)
+    assert copy.read_bytes() == token
+    lab.cli("license", "delivery", "bar", "agent")
+    assert domain.fwcfg_entries(svc.vm_xml("bar")) == [("opt/ovmf/X-PciMmio64Mb", None)]
+    # vgpumgr's own items are still held to its rules, and a name given twice is refused whoever gave it
+    from vgpumgr.errors import InvalidInput
+
+    root = domain.parse_xml(xml)
+    etree.SubElement(root.find("sysinfo"), "entry", name="opt/dev.vgpumgr/with space", file=str(copy))
+    etree.SubElement(root.find("sysinfo"), "entry", name="opt/ovmf/X-PciMmio64Mb").text = "1"
+    with pytest.raises(InvalidInput, match=r"'opt/dev.vgpumgr/with space' is not usable.*given twice"):
+        domain.validate(etree.tostring(root, encoding="unicode"))
+
+
+def test_token_set_reads_no_more_than_the_limit_from_a_pipe_or_a_device(lab: Host, tmp_path: Path) -> None:
+    """A FIFO that never ends (or /dev/zero) is refused after one byte past the limit, not read to its end."""
+    import threading
+
+    fifo = tmp_path / "endless.tok"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "wb") as f:
+            f.write(b"x" * (licence_token.MAX_TOKEN_BYTES + 1))
+            f.flush()
+            done.wait(30)  # held open: a reader that waits for the end waits until then
+
+    results: list[tuple[int, str, str]] = []
+    threads = [threading.Thread(target=writer, daemon=True),
+               threading.Thread(target=lambda: results.append(run(
+                   "--sysfs-root", str(lab.root), "--state-dir", str(lab.state), "--connect", "test:///default",
+                   "license", "token", "set", str(fifo))), daemon=True)]
+    for t in threads:
+        t.start()
+    threads[1].join(15)
+    finished = not threads[1].is_alive()
+    done.set()
+    assert finished, "`license token set FIFO` read past the size limit"
+    [(code, _out, err)] = results
+    assert code == 2 and f"more than {licence_token.MAX_TOKEN_BYTES} bytes" in err
+    lab.cli("license", "token", "set", "/dev/zero", rc=2)
+    assert "/dev/zero has more than" in lab.outputs[-1]
+    assert licence_token.all_info(lab.state) == []
+
+
+def test_a_vm_that_leaves_fwcfg_loses_its_token_copy(lab: Host, tmp_path: Path) -> None:
+    """The per-VM copy (readable by QEMU's group) exists only while the VM's delivery is fwcfg: switching the VM
+    to agent or none removes it, and a token change rewrites only the copies of VMs still in fwcfg mode."""
+    first, second = make_token(), make_token()
+    (tmp_path / "1.tok").write_bytes(first)
+    (tmp_path / "2.tok").write_bytes(second)
+    lab.cli("license", "token", "set", str(tmp_path / "1.tok"))
+    lab.cli("vm", "create", "a", "--vgpu", "L40S-4Q")
+    lab.cli("vm", "create", "b", "--vgpu", "L40S-4Q")
+    copy_a = lab.state / "fwcfg" / f"{lab.vm_uuid('a')}.tok"
+    copy_b = lab.state / "fwcfg" / f"{lab.vm_uuid('b')}.tok"
+    assert copy_a.read_bytes() == first and copy_b.read_bytes() == first
+    lab.cli("license", "delivery", "a", "agent")
+    assert not copy_a.exists() and domain.fwcfg_entries(lab.cli("vm", "xml", "a")) == []
+    lab.cli("license", "delivery", "a", "fwcfg")
+    assert copy_a.read_bytes() == first and domain.fwcfg_entries(lab.cli("vm", "xml", "a"))
+    lab.cli("license", "delivery", "a", "none")
+    assert not copy_a.exists()
+    # the pool's delivery becomes agent (b's XML is left until its next refresh): the next token change rewrites
+    # a's copy (fwcfg chosen for the VM itself) and removes b's
+    lab.cli("license", "delivery", "a", "fwcfg")
+    lab.cli("license", "delivery", "--pool", "lab-vws", "agent")
+    assert copy_b.read_bytes() == first
+    out = lab.cli("license", "token", "set", str(tmp_path / "2.tok"))
+    assert copy_a.read_bytes() == second and not copy_b.exists()
+    assert "1 VM fw_cfg copy refreshed" in out
+
+
+def test_an_unchanged_token_copy_still_gets_its_permissions(tmp_path: Path) -> None:
+    data = make_token()
+    path = licence_token.write_vm_copy(tmp_path, "5f0c2e1a-3b4d-4c5e-8f60-718293a4b5c6", data)
+    os.chmod(path, 0o644)
+    assert licence_token.write_vm_copy(tmp_path, "5f0c2e1a-3b4d-4c5e-8f60-718293a4b5c6", data) == path
+    gid = licence_token._qemu_group() if os.geteuid() == 0 else None
+    assert stat.S_IMODE(path.stat().st_mode) == (0o640 if gid is not None else 0o600)
+    assert path.stat().st_gid == (gid if gid is not None else os.getegid())
+
+
+def test_setting_the_same_token_again_restarts_no_guest_service(lab: Host, tmp_path: Path) -> None:
+    token = make_token()
+    (tmp_path / "nls.tok").write_bytes(token)
+    lab.cli("license", "token", "set", str(tmp_path / "nls.tok"))
+    lab.cli("vm", "create", "ag", "--vgpu", "L40S-4Q", "--start", "--licence-delivery", "agent")
+    lab.cli("sim", "guest", "start", lab.vgpu("ag"), "--os", "linux", "--licensing", "token")
+    lab.cli("license", "deliver", "ag")
+    log = lab.guest("ag") / "services.log"
+    assert log.read_text().count("restart nvidia-gridd") == 1
+    out = lab.cli("license", "token", "set", str(tmp_path / "nls.tok"))
+    assert out.startswith("licence token unchanged for every VM") and "ag:" not in out
+    assert log.read_text().count("restart nvidia-gridd") == 1
+    events = [e for e in json.loads(lab.cli("audit", "list", "--json")) if e["action"] == "licence.token.set"]
+    assert len(events) == 2  # the second set is still audited
+    (tmp_path / "new.tok").write_bytes(make_token())
+    out = lab.cli("license", "token", "set", str(tmp_path / "new.tok"))
+    assert "licence token changed" in out and "ag: delivered through the guest agent" in out
+    assert log.read_text().count("restart nvidia-gridd") == 2
+
+
+def test_token_copy_names_follow_the_one_uuid_rule() -> None:
+    """A copy is named by the VM's UUID (8-4-4-4-12, as vgpumgr.ids reads it) or else by its VM name: a VM named
+    like 32 hex digits is a name, not a malformed UUID."""
+    state = Path("/state")
+    upper = "5F0C2E1A-3B4D-4C5E-8F60-718293A4B5C6"
+    assert licence_token.fwcfg_path(state, upper).name == upper.lower() + ".tok"
+    hexname = "5f0c2e1a3b4d4c5e8f60718293a4b5c6"
+    assert licence_token.fwcfg_path(state, hexname).name == hexname + ".tok"
+    assert licence_token.fwcfg_path(state, "pve-106").name == "pve-106.tok"

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +37,6 @@ TOKEN_DIR = "licence-token"
 FWCFG_DIR_ENV = "VGPUMGR_FWCFG_DIR"
 MAX_TOKEN_BYTES = 64 * 1024
 DEFAULT = "default"
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # the group libvirt's QEMU runs as, by distribution (Debian/Ubuntu, Fedora/RHEL/SUSE)
 QEMU_GROUPS = ("libvirt-qemu", "qemu", "kvm")
@@ -224,7 +224,7 @@ def fwcfg_path(state_dir: Path, vm_key: str) -> Path:
     """The copy for a VM: by its libvirt UUID, or by its name where vgpumgr knows no UUID (Proxmox's pve-<vmid>)."""
     from vgpumgr import ids
 
-    key = ids.mdev_uuid(vm_key) if _UUID.match(vm_key or "") else ids.vm_name(vm_key)
+    key = ids.mdev_uuid(vm_key) if ids.is_mdev_uuid(vm_key or "") else ids.vm_name(vm_key)
     return fwcfg_dir(state_dir) / f"{key}.tok"
 
 
@@ -246,12 +246,29 @@ def write_vm_copy(state_dir: Path, vm_uuid: str, data: bytes) -> Path:
     os.chmod(d, 0o711)
     path = fwcfg_path(state_dir, vm_uuid)
     gid = _qemu_group() if os.geteuid() == 0 else None
-    if path.is_file() and path.read_bytes() == data:
+    mode = 0o640 if gid is not None else 0o600
+    if _same_copy(path, data, mode, gid):
         return path
-    _write_private(path, data, 0o640 if gid is not None else 0o600)
+    _write_private(path, data, mode)
     if gid is not None:
         os.chown(path, 0, gid)
     return path
+
+
+def _same_copy(path: Path, data: bytes, mode: int, gid: int | None) -> bool:
+    """True when `path` is a regular file holding `data`, left with `mode` and owned by root:`gid` (when
+    given) so an unchanged copy still gets the permissions a new one would."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or f.read(len(data) + 1) != data:
+            return False
+        os.fchmod(fd, mode)
+        if gid is not None:
+            os.fchown(fd, 0, gid)
+    return True
 
 
 def remove_vm_copy(state_dir: Path, vm_uuid: str) -> bool:

@@ -43,12 +43,14 @@ def _read_token_file(name: str) -> bytes:
     from vgpumgr import licence_token
 
     path = Path(name)
+    limit = licence_token.MAX_TOKEN_BYTES
     try:
-        size = path.stat().st_size if path.is_file() else 0
-        if size > licence_token.MAX_TOKEN_BYTES:  # refused before it is read
-            raise InvalidInput(f"{path} has {size} bytes; a client configuration token is a few KiB",
+        with open(path, "rb") as f:  # at most one byte past the limit: /dev/zero or a FIFO cannot read forever
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise InvalidInput(f"{path} has more than {limit} bytes; a client configuration token is a few KiB",
                                hint="give the client_configuration_token_*.tok file itself")
-        return licence_token.check_token(path.read_bytes(), str(path))
+        return licence_token.check_token(data, str(path))
     except FileNotFoundError:
         raise NotFound(f"{path} does not exist", hint="give the .tok file downloaded from the licence server") from None
     except IsADirectoryError:

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from vgpumgr import ids, licence_token, licensing
 from vgpumgr.db.models import LicenceDelivery, LicenceLease, LicencePool, Vm
-from vgpumgr.errors import InvalidInput, NotFound, Unavailable, VgpuError
+from vgpumgr.errors import InvalidInput, NotFound, VgpuError
 from vgpumgr.ops.context import FAILED, Context
 
 MODES = ("fwcfg", "agent", "none")
@@ -143,7 +143,7 @@ def set_pool_mode(svc: Context, pool: str, mode: str | None, *, actor: str | Non
 def fwcfg_for(svc: Context, vm: str, vm_uuid: str, allocs: list[dict[str, Any]], *,
               started: bool = False) -> list[tuple[str, str]]:
     """The fw_cfg item for a VM being created (after its allocations took their seats), with its token copy
-    written; [] when its mode is not fwcfg, no licence applies or no token is set."""
+    written; [] when its mode is not fwcfg, no licence applies or no token is set (and its old copy goes)."""
     ft = feature_type(allocs)
     with svc.tx() as s:
         mode, _ = mode_of(svc, s, vm)
@@ -151,6 +151,7 @@ def fwcfg_for(svc: Context, vm: str, vm_uuid: str, allocs: list[dict[str, Any]],
         row = _row(s, svc.host_id(s), vm)
         row.vm_uuid = ids.mdev_uuid(vm_uuid)
         if found is None:
+            licence_token.remove_vm_copy(svc.cfg.state_dir, vm_uuid)
             return []
         data, tok = found
         path = licence_token.write_vm_copy(svc.cfg.state_dir, vm_uuid, data)
@@ -252,7 +253,8 @@ def forget_vm(svc: Context, vm: str, vm_uuid: str | None) -> None:
 
 
 def refresh_copies(svc: Context) -> int:
-    """After a token change: every existing per-VM copy gets the token that VM now gets (empty without one)."""
+    """After a token change: the per-VM copy of every VM still in fwcfg mode gets the token that VM now gets
+    (empty without one); the copy of a VM that left fwcfg mode goes."""
     d = licence_token.fwcfg_dir(svc.cfg.state_dir)
     n = 0
     with svc.sessions() as s:
@@ -261,6 +263,9 @@ def refresh_copies(svc: Context) -> int:
         for path in sorted(d.glob("*.tok")) if d.is_dir() else []:
             key = path.name[:-len(".tok")]
             vm = by_uuid.get(key) or key
+            if mode_of(svc, s, vm)[0] != "fwcfg":
+                licence_token.remove_vm_copy(svc.cfg.state_dir, key)
+                continue
             found = token_for(svc, s, vm)
             licence_token.write_vm_copy(svc.cfg.state_dir, key, found[0] if found else b"")
             n += 1
@@ -270,7 +275,8 @@ def refresh_copies(svc: Context) -> int:
 # -- the token -----------------------------------------------------------------------------------------
 def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str | None = None) -> dict[str, Any]:
     """Store the token (for every VM, or for `pool`'s), audit it by fingerprint, refresh the VMs' fw_cfg copies
-    and push it to the running agent VMs. The answer carries what may be shown, never the token."""
+    and push it to the running agent VMs (neither when it is the token already set: no guest's licensing service
+    restarts for nothing). The answer carries what may be shown, never the token."""
     scope = licence_token.scope_of(pool)
     if pool is not None:
         with svc.sessions() as s:
@@ -281,6 +287,8 @@ def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str 
               "replaced": old.fingerprint if old else None}
     with svc.tx() as s:
         svc.event(s, TOKEN_SET, actor=actor, detail=detail)
+    if old is not None and old.fingerprint == new.fingerprint:  # the same token again: the VMs already have it
+        return {**detail, "action": TOKEN_SET, "expired": new.expired(), "fw_cfg_copies": 0, "agent": []}
     return {**detail, "action": TOKEN_SET, "expired": new.expired(), "fw_cfg_copies": refresh_copies(svc),
             "agent": deliver_agent_vms(svc, actor=actor)}
 
@@ -341,7 +349,7 @@ def deliver_agent_vms(svc: Context, *, actor: str | None = None) -> list[dict[st
     for vm in names:
         try:
             out.append(deliver(svc, vm, actor=actor))
-        except (VgpuError, Unavailable) as e:
+        except VgpuError as e:
             out.append({"vm": vm, "error": e.message, "outcome": FAILED})
     return out
 
