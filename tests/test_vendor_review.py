@@ -90,3 +90,37 @@ def test_a_failed_vnpu_mode_skips_the_vnpus(host: Host, monkeypatch: pytest.Monk
     steps = steps_of(ok("restore", "--json"), ASCEND)
     assert steps == {"ascend-vnpu-vm-mode": "done", "mdev": "done"}, steps
     assert host.mdev(uuid).exists()
+
+
+def test_prepare_puts_the_quotas_back_when_the_vfs_are_refused(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpumgr.backends import sriov
+
+    iov = host.pci(FLEX) / "drm/card1/iov"
+    host.write(iov / "vf3/gt/lmem_quota", str(1000 << 20))  # an earlier quota, on a VF the new one leaves out
+
+    def refused(h: Host, pf: str, count: int, **kw: Any) -> list[str]:
+        raise KernelError(f"enabling {count} VFs on {pf}: Cannot allocate memory", hint="check `dmesg`")
+
+    monkeypatch.setattr(sriov, "set_numvfs", refused)
+    rc, _, err = run("vendor", "prepare", FLEX, "--vfs", "2", "--vf-memory", "2000")
+    assert rc == 7 and f"enabling 2 VFs on {FLEX}: Cannot allocate memory" in err, err
+    assert quotas(host) == [0, 0, 1000, 0, 0, 0, 0, 0]  # as before: i915 had zeroed VF 3 for the two new ones
+    assert (iov / "pf/gt/available/lmem_free").read_text() == f"{15000 << 20}\n"
+    assert "vendor.prepare" not in ok("audit")  # nothing recorded
+
+
+def test_a_quota_rollback_that_fails_too_keeps_the_first_error(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = vendor_steps.write
+    failed: list[str] = []
+
+    def flaky(h: Host, path: Path, data: str, action: str, *a: Any, **kw: Any) -> None:
+        if "vf2/" in str(path) or failed:  # VF 2's quota is refused, and then every write back too
+            failed.append(action)
+            raise KernelError(f"{action}: Input/output error")
+        real_write(h, path, data, action, *a, **kw)
+
+    monkeypatch.setattr(vendor_steps, "write", flaky)
+    rc, _, err = run("vendor", "prepare", FLEX, "--vfs", "2", "--vf-memory", "2000")
+    assert rc == 7 and "writing the memory quota of VF 2" in err.splitlines()[0], err
+    assert "could not be put back (writing the memory quota of VF 1" in err, err
+    assert len(failed) == 2 and (host.pci(FLEX) / "sriov_numvfs").read_text() == "0\n"

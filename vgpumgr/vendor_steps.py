@@ -177,10 +177,30 @@ def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) ->
     target = {n: want.get(str(n), 0 if p.family == "intel-i915" else before[n]) for n in paths}
     try:
         _write_quotas(host, pf, paths, before, target)
-    except VgpuError:
-        _write_quotas(host, pf, paths, {n: read_int(paths[n], 0) or 0 for n in paths}, before)  # nothing half-set
+    except VgpuError as e:
+        _put_back(host, pf, paths, before, e)  # nothing half-set
         raise
     return StepResult(step, pf, True, f"per-VF memory quotas written ({_quota_text(want)})", want)
+
+
+def all_quotas(host: Host, pf: str, p: vendors.Profile) -> dict[int, int]:
+    """{VF number: quota in bytes} of every VF the PF offers, enabled or not (what `put_back_quotas` takes)."""
+    return {n: read_int(path, 0) or 0 for n, path in _quota_paths(host, pf, p).items()}
+
+
+def put_back_quotas(host: Host, pf: str, p: vendors.Profile, before: dict[int, int], error: VgpuError) -> None:
+    """The quotas as `all_quotas` read them before, written back after `error` (a later step failed)."""
+    paths = _quota_paths(host, pf, p)
+    _put_back(host, pf, {n: paths[n] for n in before if n in paths}, before, error)
+
+
+def _put_back(host: Host, pf: str, paths: dict[int, str], before: dict[int, int], error: VgpuError) -> None:
+    """Write `before` back; a write that fails too is added to `error`'s hint, never raised in its place."""
+    try:
+        _write_quotas(host, pf, paths, {n: read_int(paths[n], 0) or 0 for n in paths}, before)
+    except VgpuError as undo:
+        error.hint = (f"{error.hint}; " if error.hint else "") + \
+            f"the quotas written before it could not be put back ({undo.message}): check `vgpumgr vendor list`"
 
 
 def _write_quotas(host: Host, pf: str, paths: dict[int, str], now: dict[int, int], target: dict[int, int]) -> None:
