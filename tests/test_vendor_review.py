@@ -13,11 +13,11 @@ import pytest
 from simhost import run
 
 from vgpumgr import vendor_steps
-from vgpumgr.errors import KernelError
+from vgpumgr.errors import Conflict, KernelError
 from vgpumgr.host import Host
 from vgpumgr.sim import profiles
 
-ASCEND, FLEX = "0000:81:00.0", "0000:8b:00.0"
+ASCEND, MI300X, FLEX = "0000:81:00.0", "0000:89:00.0", "0000:8b:00.0"
 
 
 @pytest.fixture
@@ -124,3 +124,40 @@ def test_a_quota_rollback_that_fails_too_keeps_the_first_error(host: Host, monke
     assert rc == 7 and "writing the memory quota of VF 2" in err.splitlines()[0], err
     assert "could not be put back (writing the memory quota of VF 1" in err, err
     assert len(failed) == 2 and (host.pci(FLEX) / "sriov_numvfs").read_text() == "0\n"
+
+
+def record(pf: str, state: dict[str, Any]) -> None:
+    from vgpumgr.config import Config
+    from vgpumgr.ops import boot_records
+
+    boot_records.note(Config.resolve(), boot_records.remember_vendor, pf, state)
+
+
+def test_a_step_a_newer_vgpumgr_recorded_fails_instead_of_passing(host: Host) -> None:
+    ok("vendor", "prepare", FLEX, "--vfs", "2", "--vf-memory", "2000")
+    record(FLEX, {"i915-lmem-sched": {"quotas": {}, "policy": "strict"}})
+    rc, out, _ = run("restore", "--json")
+    assert rc != 0
+    [step] = [s for g in json.loads(out)["gpus"] if g["gpu"] == FLEX for s in g["steps"]
+              if s["step"] == "i915-lmem-sched"]
+    assert step["status"] == "failed" and "unknown vendor step 'i915-lmem-sched'" in step["message"], step
+    assert "by a newer vgpumgr" in step["message"] and "upgrade vgpumgr" in step["hint"]
+    rc, out, _ = run("reconcile", "--json")
+    [drift] = json.loads(out)["vendor_drift"]
+    assert rc == 10 and drift["step"] == "i915-lmem-sched" and "unknown vendor step" in drift["why"], drift
+    with pytest.raises(Conflict, match="unknown vendor step"):
+        vendor_steps.apply(host, FLEX, "i915-lmem-sched", {"quotas": {}})
+
+
+def test_a_gim_record_without_its_vf_num_is_an_error_not_a_crash(host: Host) -> None:
+    record(MI300X, {"gim-vf-num": {"vfs": 8}})
+    rc, out, err = run("reconcile", "--json")
+    assert rc == 10, (out, err)
+    [drift] = json.loads(out)["vendor_drift"]
+    assert drift["gpu"] == MI300X and "recorded gim-vf-num step of 0000:89:00.0 cannot be read (no 'vf_num')" in \
+        drift["why"], drift
+    for call in (vendor_steps.read_step, vendor_steps.apply):
+        with pytest.raises(Conflict, match="cannot be read"):
+            call(host, MI300X, "gim-vf-num", {"vfs": 8})
+    with pytest.raises(Conflict, match="cannot be read"):
+        vendor_steps.read_step(host, MI300X, "gim-vf-num", {"vf_num": "eight"})

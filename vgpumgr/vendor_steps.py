@@ -242,26 +242,48 @@ def observed(host: Host, pf: str) -> dict[str, Any]:
 def apply(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResult:
     """Bring one recorded step back (restore), or say what is in the way."""
     p = card(host, pf)
+    rec = recorded(pf, step, value)
     if step == vendors.STEP_ASCEND_VM_MODE:
-        return set_ascend_mode(host, pf, int(value.get("mode", 1)))
+        return set_ascend_mode(host, pf, rec["mode"])
     if step == vendors.STEP_GIM_VF_NUM:
-        return check_gim(host, pf, int(value["vf_num"]))
-    if step in (vendors.STEP_I915_LMEM_QUOTA, vendors.STEP_XE_VRAM_QUOTA):
-        return set_quotas(host, pf, p, {str(k): int(v) for k, v in value.get("quotas", {}).items()})
-    raise InvalidInput(f"unknown vendor step '{step}'", hint="a newer vgpumgr recorded it")
+        return check_gim(host, pf, rec["vf_num"])
+    return set_quotas(host, pf, p, rec["quotas"])
 
 
 def read_step(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResult:
-    """The same check without changing anything (restore --dry-run)."""
+    """The same check without changing anything (restore --dry-run, reconcile's drift)."""
     p = card(host, pf)
+    rec = recorded(pf, step, value)
     if step == vendors.STEP_ASCEND_VM_MODE:
         mode = ascend_mode(host, pf)
-        return StepResult(step, pf, mode == int(value.get("mode", 1)), f"vNPU mode is {mode}", mode)
+        return StepResult(step, pf, mode == rec["mode"], f"vNPU mode is {mode}", mode)
     if step == vendors.STEP_GIM_VF_NUM:
-        return check_gim(host, pf, int(value["vf_num"]))
-    want = {str(k): int(v) for k, v in value.get("quotas", {}).items()}
+        return check_gim(host, pf, rec["vf_num"])
+    want = rec["quotas"]
     have = quotas(host, pf, p, max((int(k) for k in want), default=0))
     return StepResult(step, pf, have == want, f"quotas now {_quota_text(have)}", have)
+
+
+QUOTA_STEPS = (vendors.STEP_I915_LMEM_QUOTA, vendors.STEP_XE_VRAM_QUOTA)
+
+
+def recorded(pf: str, step: str, value: Any) -> dict[str, Any]:
+    """One step's record as `observed` wrote it, checked: a step this vgpumgr does not know (a newer one recorded
+    it) or a record it cannot read is an error, never taken for another step or for "in place"."""
+    try:
+        if step == vendors.STEP_ASCEND_VM_MODE:
+            return {"mode": int(value.get("mode", 1))}
+        if step == vendors.STEP_GIM_VF_NUM:
+            return {"vf_num": int(value["vf_num"])}
+        if step in QUOTA_STEPS:
+            return {"quotas": {str(int(k)): int(v) for k, v in value.get("quotas", {}).items()}}
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        field = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise Conflict(f"the recorded {step} step of {pf} cannot be read ({field}): {value!r}",
+                       hint=f"record the card's state again: `vgpumgr vendor prepare {pf}` (with its --vfs)") from e
+    raise Conflict(f"unknown vendor step '{step}' recorded for {pf} by a newer vgpumgr",
+                   hint="upgrade vgpumgr on this host; this version knows " + ", ".join(
+                       (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, *QUOTA_STEPS)))
 
 
 def fixed_vf_count(host: Host, pf: str) -> bool:
