@@ -177,10 +177,30 @@ def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) ->
     target = {n: want.get(str(n), 0 if p.family == "intel-i915" else before[n]) for n in paths}
     try:
         _write_quotas(host, pf, paths, before, target)
-    except VgpuError:
-        _write_quotas(host, pf, paths, {n: read_int(paths[n], 0) or 0 for n in paths}, before)  # nothing half-set
+    except VgpuError as e:
+        _put_back(host, pf, paths, before, e)  # nothing half-set
         raise
     return StepResult(step, pf, True, f"per-VF memory quotas written ({_quota_text(want)})", want)
+
+
+def all_quotas(host: Host, pf: str, p: vendors.Profile) -> dict[int, int]:
+    """{VF number: quota in bytes} of every VF the PF offers, enabled or not (what `put_back_quotas` takes)."""
+    return {n: read_int(path, 0) or 0 for n, path in _quota_paths(host, pf, p).items()}
+
+
+def put_back_quotas(host: Host, pf: str, p: vendors.Profile, before: dict[int, int], error: VgpuError) -> None:
+    """The quotas as `all_quotas` read them before, written back after `error` (a later step failed)."""
+    paths = _quota_paths(host, pf, p)
+    _put_back(host, pf, {n: paths[n] for n in before if n in paths}, before, error)
+
+
+def _put_back(host: Host, pf: str, paths: dict[int, str], before: dict[int, int], error: VgpuError) -> None:
+    """Write `before` back; a write that fails too is added to `error`'s hint, never raised in its place."""
+    try:
+        _write_quotas(host, pf, paths, {n: read_int(paths[n], 0) or 0 for n in paths}, before)
+    except VgpuError as undo:
+        error.hint = (f"{error.hint}; " if error.hint else "") + \
+            f"the quotas written before it could not be put back ({undo.message}): check `vgpumgr vendor list`"
 
 
 def _write_quotas(host: Host, pf: str, paths: dict[int, str], now: dict[int, int], target: dict[int, int]) -> None:
@@ -222,26 +242,48 @@ def observed(host: Host, pf: str) -> dict[str, Any]:
 def apply(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResult:
     """Bring one recorded step back (restore), or say what is in the way."""
     p = card(host, pf)
+    rec = recorded(pf, step, value)
     if step == vendors.STEP_ASCEND_VM_MODE:
-        return set_ascend_mode(host, pf, int(value.get("mode", 1)))
+        return set_ascend_mode(host, pf, rec["mode"])
     if step == vendors.STEP_GIM_VF_NUM:
-        return check_gim(host, pf, int(value["vf_num"]))
-    if step in (vendors.STEP_I915_LMEM_QUOTA, vendors.STEP_XE_VRAM_QUOTA):
-        return set_quotas(host, pf, p, {str(k): int(v) for k, v in value.get("quotas", {}).items()})
-    raise InvalidInput(f"unknown vendor step '{step}'", hint="a newer vgpumgr recorded it")
+        return check_gim(host, pf, rec["vf_num"])
+    return set_quotas(host, pf, p, rec["quotas"])
 
 
 def read_step(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResult:
-    """The same check without changing anything (restore --dry-run)."""
+    """The same check without changing anything (restore --dry-run, reconcile's drift)."""
     p = card(host, pf)
+    rec = recorded(pf, step, value)
     if step == vendors.STEP_ASCEND_VM_MODE:
         mode = ascend_mode(host, pf)
-        return StepResult(step, pf, mode == int(value.get("mode", 1)), f"vNPU mode is {mode}", mode)
+        return StepResult(step, pf, mode == rec["mode"], f"vNPU mode is {mode}", mode)
     if step == vendors.STEP_GIM_VF_NUM:
-        return check_gim(host, pf, int(value["vf_num"]))
-    want = {str(k): int(v) for k, v in value.get("quotas", {}).items()}
+        return check_gim(host, pf, rec["vf_num"])
+    want = rec["quotas"]
     have = quotas(host, pf, p, max((int(k) for k in want), default=0))
     return StepResult(step, pf, have == want, f"quotas now {_quota_text(have)}", have)
+
+
+QUOTA_STEPS = (vendors.STEP_I915_LMEM_QUOTA, vendors.STEP_XE_VRAM_QUOTA)
+
+
+def recorded(pf: str, step: str, value: Any) -> dict[str, Any]:
+    """One step's record as `observed` wrote it, checked: a step this vgpumgr does not know (a newer one recorded
+    it) or a record it cannot read is an error, never taken for another step or for "in place"."""
+    try:
+        if step == vendors.STEP_ASCEND_VM_MODE:
+            return {"mode": int(value.get("mode", 1))}
+        if step == vendors.STEP_GIM_VF_NUM:
+            return {"vf_num": int(value["vf_num"])}
+        if step in QUOTA_STEPS:
+            return {"quotas": {str(int(k)): int(v) for k, v in value.get("quotas", {}).items()}}
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        field = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise Conflict(f"the recorded {step} step of {pf} cannot be read ({field}): {value!r}",
+                       hint=f"record the card's state again: `vgpumgr vendor prepare {pf}` (with its --vfs)") from e
+    raise Conflict(f"unknown vendor step '{step}' recorded for {pf} by a newer vgpumgr",
+                   hint="upgrade vgpumgr on this host; this version knows " + ", ".join(
+                       (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, *QUOTA_STEPS)))
 
 
 def fixed_vf_count(host: Host, pf: str) -> bool:

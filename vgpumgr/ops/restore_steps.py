@@ -64,6 +64,7 @@ class GpuRun:
         self.vfs_planned = False
         self.mig_ready = True
         self.mig_on_now = False
+        self.vendor_waits: list[str] = []  # vendor steps that failed or are blocked: the VFs and mdevs wait
         self.unknown: list[str] = []
 
     def step(self, kind: str, target: str, status: str, message: str, hint: str | None = None,
@@ -133,6 +134,10 @@ class GpuRun:
         pf, want = self.w.gpu, self.w.numvfs or 0
         if self.w.vendor.get("gim-vf-num") or _fixed_vf_count(self.host, pf):
             return  # GIM makes its VFs at load: checked by the vendor step, never written
+        if self.vendor_waits:  # e.g. Intel's quotas: VFs enabled without them get the driver's, fixed from then on
+            self.step("vfs", pf, SKIPPED, f"{want} VFs: waits for an earlier step: {', '.join(self.vendor_waits)}",
+                      numvfs=want)
+            return
         cur = read_int(f"{self.host.pci(pf)}/sriov_numvfs")
         if cur is None:
             self.step("vfs", pf, FAILED_, f"{pf} is gone or has no SR-IOV", hint="check `vgpumgr gpus` and `dmesg`")
@@ -311,6 +316,11 @@ class GpuRun:
     # -- 5. mdevs ----------------------------------------------------------------------------------
     def mdevs(self) -> None:
         wanted = {m["uuid"]: m for m in self.w.mdevs}
+        if self.vendor_waits:  # e.g. Ascend's VM mode: without it every vNPU is refused
+            for uuid, a in sorted(wanted.items()):
+                self.step("mdev", uuid, SKIPPED, f"mdev {uuid} ({a['type']} on {a['parent']}): waits for an earlier "
+                          f"step: {', '.join(self.vendor_waits)}")
+            return
         from vgpumgr.discovery.mdev import discover_mdevs
 
         for m in discover_mdevs(self.host):

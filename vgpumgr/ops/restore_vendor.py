@@ -18,6 +18,9 @@ ORDER = (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, vendors.STEP_I915
 
 
 def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
+    """Each recorded step checked and brought back; one that failed or is blocked is named in `run.vendor_waits`,
+    and the card's VFs and mdevs then wait for it (skipped): VFs enabled without Intel's quotas get the driver's
+    own, which no later restore can change while they exist."""
     pf = run.w.gpu
     want = dict(run.w.vendor)
     if run.w.numvfs and vendor_steps.fixed_vf_count(run.host, pf):
@@ -28,12 +31,14 @@ def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
             now = vendor_steps.read_step(run.host, pf, step, value)
         except VgpuError as e:
             run.step(step, pf, FAILED_, e.message, hint=e.hint)
+            run.vendor_waits.append(step)
             continue
         if now.ok:
             run.step(step, pf, OK_, now.message)
             continue
         if step == vendors.STEP_GIM_VF_NUM:  # never written by vgpumgr
             run.step(step, pf, BLOCKED, now.message, hint=now.hint, numvfs=now.current.get("numvfs"))
+            run.vendor_waits.append(step)
             continue
         if run.dry_run:
             run.step(step, pf, PLANNED, f"would bring back {step}: {_want_text(value)} ({now.message})")
@@ -42,8 +47,11 @@ def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
             res = vendor_steps.apply(run.host, pf, step, value)
         except VgpuError as e:
             run.step(step, pf, FAILED_, f"{step}: {e.message}", hint=e.hint)
+            run.vendor_waits.append(step)
             continue
         run.step(step, pf, DONE if res.ok else BLOCKED, res.message, hint=res.hint)
+        if not res.ok:
+            run.vendor_waits.append(step)
 
 
 def _want_text(value: dict[str, Any]) -> str:

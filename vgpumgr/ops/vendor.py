@@ -7,7 +7,7 @@ from typing import Any
 
 from vgpumgr import ids, vendor_steps, vendors
 from vgpumgr.config import Config
-from vgpumgr.errors import InvalidInput
+from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.ops.manual import _boot_record, audited
 
 
@@ -58,18 +58,25 @@ def _sriov(cfg: Config, pf: str, card: vendors.Profile, vfs: int, vf_memory_mib:
 
     host = cfg.host
     out = []
+    before = None
     if vf_memory_mib is not None:
         want = {str(n): vf_memory_mib << 20 for n in range(1, vfs + 1)}
         if dry_run:
             out.append(vendor_steps.read_step(host, pf, card.steps[0], {"quotas": want}))
         else:
+            before = vendor_steps.all_quotas(host, pf, card)
             res = vendor_steps.set_quotas(host, pf, card, want)
             out.append(res)
             if not res.ok:
                 return out
     if dry_run:
         return out
-    made = sriov.set_numvfs(host, pf, vfs)
+    try:
+        made = sriov.set_numvfs(host, pf, vfs)
+    except VgpuError as e:  # the quotas just written go back: nothing half-made, nothing recorded
+        if before is not None:
+            vendor_steps.put_back_quotas(host, pf, card, before, e)
+        raise
     out.append(vendor_steps.StepResult("vfs", pf, True, f"{len(made)} VFs enabled", len(made)))
     return out
 
