@@ -7,6 +7,7 @@ import ast
 import io
 import json
 import sqlite3
+import time
 import subprocess
 import sys
 from contextlib import closing
@@ -221,3 +222,17 @@ def test_upgrade_check_names_a_kernel_without_vendor_vfs(simhost: Path) -> None:
     assert rc == 10 and "6.8 or newer needed" in out and "upgrade blocked" in out, out
     report = json.loads(run("upgrade", "check", "--kernel", "6.1.0-28-amd64", "--json")[1])
     assert not report["ok"] and report["kernel"] == {"running": "6.12.9-amd64", "next": "6.1.0-28-amd64"}
+
+
+def test_upgrade_check_reads_beside_a_writer_without_waiting(simhost: Path, tmp_path: Path) -> None:
+    assert run("vm", "create", "web1", "--vgpu", "L40S-2Q")[0] == 0
+    writer = sqlite3.connect(tmp_path / "state/vgpumgr.db", timeout=0)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # the running service in the middle of a write
+        started = time.monotonic()
+        rc, out, err = run("upgrade", "check")
+        assert rc == 0 and "web1" in out, err
+        assert time.monotonic() - started < 10  # a write lock would wait out the 30 s busy timeout
+    finally:
+        writer.rollback()
+        writer.close()

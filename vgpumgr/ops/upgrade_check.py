@@ -24,7 +24,7 @@ from typing import Any
 from vgpumgr.config import Config
 from vgpumgr.db import schema
 from vgpumgr.db.models import LIVE_STATES, utcnow
-from vgpumgr.db.session import get_engine, stored_state
+from vgpumgr.db.session import READ_ONLY, get_engine, stored_state
 from vgpumgr.errors import SchemaMismatch
 from vgpumgr.kinds import BACKEND_NVIDIA_VF
 
@@ -96,7 +96,7 @@ def check(cfg: Config, hostname: str, *, kernel: str | None = None, driver: str 
     known = (state.ordinal or 0) >= 1
     hosts: list[schema.HostVersion] = []
     records: list[tuple[str | None, str, str | None, str]] = []
-    with engine.connect() as conn:
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:  # no write lock: it changes nothing
         if (state.ordinal or 0) >= 9:
             hosts = schema.host_versions(conn, utcnow(), window)
         elif known:  # a database from before 0009: hosts without recorded versions
