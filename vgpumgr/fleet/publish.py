@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import time
-from functools import cache
 from typing import Any
 
 from sqlalchemy import event
@@ -31,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from vgpumgr.config import env_seconds
 from vgpumgr.db import store as db_store
+from vgpumgr.db.schema import code_version
 from vgpumgr.errors import InvalidInput
 from vgpumgr.fleet import writes
 from vgpumgr.fleet.capacity import GpuCapacity, host_capacity
@@ -55,16 +55,6 @@ def stale_factor() -> float:
         raise InvalidInput(f"VGPUMGR_FLEET_STALE_FACTOR={raw!r} is not a number of heartbeats of at least 1",
                            hint=f"unset it (default {DEFAULT_STALE_FACTOR:g}) or give e.g. 3")
     return value
-
-
-@cache
-def vgpumgr_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vgpumgr")
-    except Exception:  # noqa: BLE001 - a source tree without metadata
-        return "unknown"
 
 
 class Publisher:
@@ -164,7 +154,7 @@ class Publisher:
         return host_capacity(snap.placer, records, only)
 
     def facts(self) -> writes.HostFacts:
-        return writes.HostFacts(self.endpoint, self.migration_uri, self.driver_version(), vgpumgr_version(),
+        return writes.HostFacts(self.endpoint, self.migration_uri, self.driver_version(), code_version(),
                                self.heartbeat_s, self.stale_after_s)
 
     def driver_version(self) -> str | None:
