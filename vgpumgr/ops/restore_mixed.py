@@ -53,13 +53,13 @@ def placement(run: Any, target: str, want: int | None, *, uuid: str | None = Non
     """Give the vGPU `target` (mdev UUID or VF) its recorded placement ID `want` again, and read it back. One whose
     recorded ID the driver chose (equal-size mode) is not asked for: its record takes what the driver gives now."""
     if want is None:
-        row = getattr(run.w, "observed", {}).get(target)
+        row = run.w.observed.get(target)
         if row is not None and not run.dry_run:
-            from vgpumgr.discovery.placement_id import placement_id as read_placement
             from vgpumgr.ops import placement_apply
 
-            got = read_placement(pid_backend.device_dir(run.host, uuid=uuid, vf=vf))
-            placement_apply.record(run.svc, row, got, "placement_id", by_driver=True)
+            got = pid_backend.current(pid_backend.device_dir(run.host, uuid=uuid, vf=vf))
+            if got is not None:  # the driver says: its record follows (a read that says nothing keeps the record)
+                placement_apply.record(run.svc, row, got, "placement_id", by_driver=True)
         return
     d = pid_backend.device_dir(run.host, uuid=uuid, vf=vf)
     if run.dry_run:
