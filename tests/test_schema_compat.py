@@ -7,9 +7,9 @@ import ast
 import io
 import json
 import sqlite3
-import time
 import subprocess
 import sys
+import time
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
