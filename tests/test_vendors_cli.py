@@ -305,3 +305,19 @@ def test_demo_profile_all(tmp_path: Path) -> None:
     for vm_name in ("npu1", "mtt1", "mlu1", "mi1", "flex1", "b60", "npu910"):
         assert f"VM {vm_name} defined" in out
     assert "restore: 8 done, 1 ok" in out and "demo finished" in out
+
+
+def test_a_vendor_vf_held_through_iommufd_is_not_released(host: Host) -> None:
+    import os
+
+    name = vm("i")
+    a = json.loads(ok("vm", "create", name, "--vgpu", "MI300X-CPX", "--json"))["allocations"][0]
+    vf = a["pci_address"]
+    (host.pci(vf).resolve() / "vfio-dev/vfio9").mkdir(parents=True)  # QEMU with iommufd holds the VF's cdev
+    fd = host.root / "proc/4799/fd"
+    fd.mkdir(parents=True)
+    (fd.parent / "comm").write_text("qemu-system-x86\n")
+    os.symlink("/dev/vfio/devices/vfio9", fd / "21")
+    rc, _, err = run("release", vf)
+    assert rc == 4 and "qemu-system-x86[4799]" in err, err
+    assert vf in ok("placements")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vgpumgr.discovery.fs import read
+from vgpumgr.discovery.fs import link_name, read
 from vgpumgr.errors import Timeout, VgpuError, from_oserror
 from vgpumgr.host import Host
 
@@ -97,3 +97,22 @@ def ensure_free(what: str, holders: list[str], error: type[VgpuError]) -> None:
         raise error(f"{what} is in use by {', '.join(holders)}",
                     hint="stop or detach it from that VM first (removing a device a VM holds blocks in the kernel)",
                     holders=holders)
+
+
+def device_holders(host: Host, vf: str, extra: HolderCheck | None = None) -> list[str]:
+    """Processes holding a PCI function through VFIO: its IOMMU group's node or its iommufd device nodes."""
+    group = link_name(f"{host.pci(vf)}/iommu_group")
+    found = vfio_holders(host, int(group) if group and group.isdigit() else None, _iommufd_nodes(host, vf))
+    if extra:
+        found += [h for h in extra(vf) if h not in found]
+    return found
+
+
+def _iommufd_nodes(host: Host, vf: str) -> tuple[str, ...]:
+    """The VF's iommufd character devices (/dev/vfio/devices/vfioN, named by its vfio-dev/ entries):
+    a QEMU using iommufd holds these open instead of the group."""
+    try:
+        names = os.listdir(host.pci(vf) / "vfio-dev")
+    except OSError:
+        return ()
+    return tuple(f"/dev/vfio/devices/{n}" for n in sorted(names) if n.startswith("vfio") and n[4:].isdigit())

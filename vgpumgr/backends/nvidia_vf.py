@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from vgpumgr import ids
-from vgpumgr.backends.common import HolderCheck, ensure_free, vfio_holders, write
-from vgpumgr.discovery.fs import link_name, read, read_int
+from vgpumgr.backends.common import HolderCheck, ensure_free, write
+from vgpumgr.backends.common import device_holders as holders
+from vgpumgr.discovery.fs import read, read_int
 from vgpumgr.discovery.nvidia_vf import parse_creatable
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity, NotFound, PermissionDenied
 from vgpumgr.host import Host
@@ -52,24 +52,6 @@ def set_type(host: Host, vf: str, type_id: str | int) -> int:
     if read_int(f"{d}/nvidia/current_vgpu_type", 0) != tid:
         raise Conflict(f"VF {vf} did not take type nvidia-{tid}", hint="check `dmesg` for the driver's message")
     return tid
-
-
-def holders(host: Host, vf: str, extra: HolderCheck | None = None) -> list[str]:
-    group = link_name(f"{host.pci(vf)}/iommu_group")
-    found = vfio_holders(host, int(group) if group and group.isdigit() else None, _iommufd_nodes(host, vf))
-    if extra:
-        found += [h for h in extra(vf) if h not in found]
-    return found
-
-
-def _iommufd_nodes(host: Host, vf: str) -> tuple[str, ...]:
-    """The VF's iommufd character devices (/dev/vfio/devices/vfioN, named by its vfio-dev/ entries):
-    a QEMU using iommufd holds these open instead of the group."""
-    try:
-        names = os.listdir(host.pci(vf) / "vfio-dev")
-    except OSError:
-        return ()
-    return tuple(f"/dev/vfio/devices/{n}" for n in sorted(names) if n.startswith("vfio") and n[4:].isdigit())
 
 
 def clear_type(host: Host, vf: str, *, retries: int = 10, delay: float = 1.0,

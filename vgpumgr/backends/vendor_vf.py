@@ -4,16 +4,9 @@
 from __future__ import annotations
 
 from vgpumgr import ids
-from vgpumgr.backends.common import HolderCheck, ensure_free, vfio_holders
-from vgpumgr.discovery.fs import link_name
+from vgpumgr.backends.common import HolderCheck, device_holders, ensure_free
 from vgpumgr.errors import Busy, NotFound
 from vgpumgr.host import Host
-
-
-def _holders(host: Host, vf: str, extra: HolderCheck | None) -> list[str]:
-    group = link_name(f"{host.pci(vf)}/iommu_group")
-    found = vfio_holders(host, int(group) if group and group.isdigit() else None)
-    return found + [h for h in (extra(vf) if extra else []) if h not in found]
 
 
 def claim(host: Host, vf: str) -> None:
@@ -21,11 +14,11 @@ def claim(host: Host, vf: str) -> None:
     vf = ids.pci_address(vf)
     if not host.pci(vf).exists():
         raise NotFound(f"VF {vf} is gone", hint="its PF's VF count changed: `vgpumgr gpus --vfs` lists the VFs")
-    ensure_free(f"VF {vf}", _holders(host, vf, None), Busy)
+    ensure_free(f"VF {vf}", device_holders(host, vf), Busy)
 
 
 def check_free(host: Host, vf: str, holder_check: HolderCheck | None = None) -> None:
     """Before a release: a VF a running VM holds is not given back (its record would free it for another VM)."""
     vf = ids.pci_address(vf)
     if host.pci(vf).exists():
-        ensure_free(f"VF {vf}", _holders(host, vf, holder_check), Busy)
+        ensure_free(f"VF {vf}", device_holders(host, vf, holder_check), Busy)
