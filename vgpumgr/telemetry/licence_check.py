@@ -64,8 +64,8 @@ def _since(iso: str | None, now: float) -> float | None:
 
 
 def _delivery_findings(svc: Context, row: dict[str, Any], series: str | None, base: dict[str, Any],
-                       deliveries: dict[str, dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    from vgpumgr import licence_token
+                       deliveries: dict[str, dict[str, Any]], current: Any, now: float) -> list[dict[str, Any]]:
+    """`current`: the licence tokens set on this host (licence_token.all_info), read once per check."""
     from vgpumgr.ops import licence_delivery
 
     state = row["licence"]["state"]
@@ -84,7 +84,6 @@ def _delivery_findings(svc: Context, row: dict[str, Any], series: str | None, ba
     d = deliveries.get(row["vm"]) or {}
     delivered = d.get("delivered_at")
     started = d.get("started_at")
-    current = licence_token.all_info(svc.cfg.state_dir)
     mode = d.get("mode") or licence_delivery.default_mode()
     # vgpumgr judges delivery only where it delivers: a token is set here and the VM's mode is not none
     if state == "licensed" or not current or mode == "none":
@@ -127,11 +126,13 @@ def _ago(iso: str, now: float) -> str:
 
 
 def findings(svc: Context, snap: dict[str, Any]) -> list[dict[str, Any]]:
+    from vgpumgr import licence_token
     from vgpumgr.ops import licence_delivery
     from vgpumgr.telemetry.snapshot import live_records
 
     records = {a.get("uuid") or a.get("pci_address"): a for a in live_records(svc)}
     deliveries = licence_delivery.records(svc)
+    tokens = licence_token.all_info(svc.cfg.state_dir)
     out = []
     for row in snap["vgpus"]:
         state = row["licence"]["state"]
@@ -160,7 +161,7 @@ def findings(svc: Context, snap: dict[str, Any]) -> list[dict[str, Any]]:
             if covering and seat not in covering:
                 out.append({**base, "kind": "edition-mismatch",
                             "evidence": f"a {series}-series vGPU needs {' or '.join(covering)}; its seat is {seat}"})
-        out.extend(_delivery_findings(svc, row, series, base, deliveries, snap["taken"]))
+        out.extend(_delivery_findings(svc, row, series, base, deliveries, tokens, snap["taken"]))
     for f in out:
         f["key"] = f"{f['kind']}|{f['vm'] or f['vm_uuid']}|{f['vgpu']}"
     return out
