@@ -16,6 +16,7 @@ import pynvml
 import pytest
 from fastapi.testclient import TestClient
 from simhost import run
+from sqlalchemy import text
 
 from api.app import create_app
 from vgpumgr import nvml_gi_scheduler, nvml_scheduler, rmpvmrl
@@ -619,3 +620,15 @@ def test_bindings_without_the_gpu_instance_calls_say_so(sim: tuple[Path, tuple[s
     with pytest.raises(pynvml.NVMLError) as e:
         n.nvmlGpuInstanceGetVgpuSchedulerState(gi, pynvml.c_nvmlVgpuSchedulerStateInfo_v1_t())
     assert e.value.value == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def test_a_vm_stop_reads_the_intents_without_writing(sim: tuple[Path, tuple[str, ...]], tmp_path: Path) -> None:
+    from vgpumgr.config import Config
+    from vgpumgr.db.session import session_factory
+    from vgpumgr.ops import scheduler as scheduler_ops
+
+    root, _ = sim
+    cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / "fresh"))
+    assert scheduler_ops.intents(cfg) == {} and scheduler_ops.apply_pending(cfg, actor="hook:test") == []
+    with session_factory(cfg.db_url)() as s:  # nothing was written: not even this host's row
+        assert s.execute(text("SELECT count(*) FROM hosts")).scalar() == 0

@@ -37,13 +37,14 @@ def hostname() -> str:
 
 
 def record_event(cfg: Config, action: str, *, outcome: str = OK, gpu: str | None = None, vm: str | None = None,
-                 vgpu: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None) -> None:
+                 vgpu: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None,
+                 actor: str | None = None) -> None:
     """Audit a change made outside the allocation flow (manual mdev/VF/SR-IOV/vfio commands)."""
     ensure_schema(cfg.db_url)
     factory = session_factory(cfg.db_url)
     checkpoints.attach(factory, checkpoints.Checkpointer.from_env(cfg.state_dir, hostname(), cfg.host.simulated))
     with factory.begin() as s:
-        audit.append(s, actor=cfg.actor, action=action, outcome=outcome, host=hostname(), gpu=gpu, vm=vm,
+        audit.append(s, actor=actor or cfg.actor, action=action, outcome=outcome, host=hostname(), gpu=gpu, vm=vm,
                      vgpu=vgpu, error=error, detail=detail)
 
 

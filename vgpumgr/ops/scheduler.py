@@ -44,9 +44,16 @@ def _host_id(s: Any) -> int:
 
 
 def intents(cfg: Config) -> dict[str, dict[str, Any]]:
-    """Every recorded intent of this host, by GPU address."""
-    with _session(cfg) as s:
-        rows = s.scalars(select(GpuSchedulerIntent).where(GpuSchedulerIntent.host_id == _host_id(s))).all()
+    """Every recorded intent of this host, by GPU address. Read only (it runs after every VM stop): a host
+    without a record has none."""
+    from vgpumgr.db.models import Host as HostRow
+    from vgpumgr.db.session import ensure_schema, read_sessions
+    from vgpumgr.ops.context import hostname
+
+    ensure_schema(cfg.db_url)
+    with read_sessions(cfg.db_url)() as s:
+        rows = s.scalars(select(GpuSchedulerIntent).join(HostRow, HostRow.id == GpuSchedulerIntent.host_id)
+                         .where(HostRow.name == hostname())).all()
         return {r.address: _json(r) for r in rows}
 
 
@@ -229,7 +236,7 @@ def apply_pending(cfg: Config, gpus: list[str] | None = None, *, actor: str | No
             res = _apply(layer, gpu, _setting_of(intent))
             _mark(cfg, gpu, applied=True, reason=None)
             entry = {"gpu": gpu, "status": "applied", "api": res["api"], "wanted": intent, "trigger": "gpu empty"}
-            audited(cfg, AUDIT, gpu=gpu, detail=entry)
+            audited(cfg, AUDIT, gpu=gpu, detail=entry, actor=actor)
             done.append(entry)
         except Exception as e:  # noqa: BLE001
             log.warning("vGPU scheduler of %s not applied: %s", gpu, e)
