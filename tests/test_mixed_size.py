@@ -97,6 +97,8 @@ def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None
     rc, out, err = cli("reconcile", "--fix")
     assert rc != 0 and "lost its recorded vGPU mode" in out + err and "`vgpumgr restore` sets the mode" in out + err
     assert placement_files(cli.root) == {}
+    rc, _, err = cli("vm", "start", "vm1")  # a start would make its vGPU before the mode: refused, saying why
+    assert rc == 4 and "lost its recorded vGPU mode" in err and "`vgpumgr restore`" in err, err
     rc, out, err = cli("restore")
     assert rc == 0, out + err
     lines = out.splitlines()
@@ -116,6 +118,10 @@ def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None
     assert vf5 not in placement_files(cli.root)
     rc, out, err = cli("reconcile", "--fix")
     assert rc == 0 and vf5 in out, out + err
+    assert placement_files(cli.root) == before
+    nvidia_vf.clear_type(Host(cli.root), vf5, retries=1)  # and so through the VM's start
+    rc, out, err = cli("vm", "start", "vm5")
+    assert rc == 0, err
     assert placement_files(cli.root) == before
 
 

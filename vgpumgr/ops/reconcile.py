@@ -10,7 +10,7 @@ from typing import Any
 from vgpumgr import audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
-from vgpumgr.errors import VgpuError
+from vgpumgr.errors import Conflict, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import leases, restore_vendor, stale, vgpu_mode
@@ -62,21 +62,10 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
             lost_mode = {d["gpu"] for d in vgpu_mode.drift(svc, inv)}
             for a in missing:
                 try:
-                    if (a["gpu"] or a["parent"]) in lost_mode:
-                        raise VgpuError(f"GPU {a['gpu'] or a['parent']} lost its recorded vGPU mode",
-                                        hint="`vgpumgr restore` sets the mode again before it makes the vGPUs")
-                    if a["backend"] == BACKEND_MDEV:
-                        ensure_vnpu_mode(svc, a["parent"], a["type"], actor)  # an Ascend vNPU needs VM mode
-                        mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
-                        _give_placement(svc, a)
-                        restored.append(a["uuid"])
-                    elif a["backend"] == BACKEND_VF:
+                    if a["backend"] == BACKEND_VF:
                         raise VgpuError(f"VF {a['pci_address']} is gone", hint="`vgpumgr restore` enables the "
                                         "recorded VFs (and the vendor's steps before them)")
-                    else:
-                        nvidia_vf.set_type(svc.host, a["pci_address"], a["type"])
-                        _give_placement(svc, a)
-                        restored.append(a["pci_address"])
+                    restored.append(remake(svc, a, actor, lost_mode))
                 except VgpuError as e:
                     errors.append(f"{a.get('uuid') or a.get('pci_address')}: {e}")
             if remove_unknown:
@@ -107,6 +96,22 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
             svc.event(s, audit.RECONCILE, outcome, actor=actor,
                        detail={k: v for k, v in report.items() if k != "missing_detail"})
         return report
+
+
+def remake(svc: Context, a: dict[str, Any], actor: str | None, lost_mode: set[str]) -> str:
+    """Make a recorded mdev or NVIDIA VF type again (reconcile --fix, a VM's start): the card's vNPU VM mode first,
+    its recorded placement ID after; refused on a GPU that lost its recorded mixed-size mode (`lost_mode`), where
+    a vGPU would keep `restore` from setting the mode. Returns its reference."""
+    if (a["gpu"] or a["parent"]) in lost_mode:
+        raise Conflict(f"GPU {a['gpu'] or a['parent']} lost its recorded vGPU mode",
+                       hint="`vgpumgr restore` sets the mode again before it makes the vGPUs")
+    if a["backend"] == BACKEND_MDEV:
+        ensure_vnpu_mode(svc, a["parent"], a["type"], actor)  # an Ascend vNPU needs VM mode
+        mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
+    else:
+        nvidia_vf.set_type(svc.host, a["pci_address"], a["type"])
+    _give_placement(svc, a)
+    return a["uuid"] if a["backend"] == BACKEND_MDEV else a["pci_address"]
 
 
 def _give_placement(svc: Context, a: dict[str, Any]) -> None:

@@ -223,17 +223,19 @@ def _power(svc: Context, name: str, action: str, state: str, op: Any, actor: str
 
 def _ensure_devices(svc: Context, name: str, actor: str | None) -> list[str]:
     """Re-create a VM's recorded vGPUs that vanished (after a reboot or driver reload) before a start."""
-    restored = []
-    for a in alloc.allocations(svc, vm=name, live=True):
-        if a["backend"] == BACKEND_MDEV and mdev_backend.get(svc.host, a["uuid"]) is None:
-            from vgpumgr.ops.restore_vendor import ensure_vnpu_mode
+    from vgpumgr.ops import vgpu_mode
+    from vgpumgr.ops.reconcile import remake
 
-            ensure_vnpu_mode(svc, a["parent"], a["type"], actor)
-            mdev_backend.create(svc.host, a["parent"], a["type"], a["uuid"])
-            restored.append(a["uuid"])
-        elif a["backend"] == BACKEND_NVIDIA_VF and nvidia_vf.current(svc.host, a["pci_address"]) == 0:
-            nvidia_vf.set_type(svc.host, a["pci_address"], a["type"])
-            restored.append(a["pci_address"])
+    restored: list[str] = []
+    lost_mode: set[str] | None = None
+    for a in alloc.allocations(svc, vm=name, live=True):
+        gone = ((a["backend"] == BACKEND_MDEV and mdev_backend.get(svc.host, a["uuid"]) is None)
+                or (a["backend"] == BACKEND_NVIDIA_VF and (not svc.host.pci(a["pci_address"]).exists()
+                                                           or nvidia_vf.current(svc.host, a["pci_address"]) == 0)))
+        if gone:
+            if lost_mode is None:
+                lost_mode = {d["gpu"] for d in vgpu_mode.drift(svc, svc.snapshot().inventory)}
+            restored.append(remake(svc, a, actor, lost_mode))
     if restored:
         svc.invalidate()
         with svc.tx() as s:
