@@ -22,7 +22,7 @@ def slot_map(svc: Context, gpu: str) -> dict[str, Any]:
     from vgpumgr.ops.allocate import live_records
 
     gpu = ids.pci_address(gpu)
-    snap = svc.snapshot()
+    snap = svc.snapshot(refresh=True)  # the mode and placements as they are now (another process may have changed them)
     px = snap.placer
     if gpu not in px.gpus:
         raise NotFound(f"no GPU {gpu}", hint="`vgpumgr gpus` lists the GPUs")
