@@ -17,10 +17,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from vgpumgr import licensing
 from vgpumgr.db import store
 from vgpumgr.db.models import LIVE_STATES
 from vgpumgr.db.models import Allocation as AllocRow
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.service import Service
 
 log = logging.getLogger("vgpumgr.api")

@@ -12,7 +12,8 @@ from api.auth import ADMIN_ONLY, READ, require
 from api.deps import service
 from api.schemas import LicencePoolChange, LicencePoolCreate, ReconcileRequest
 from api.tokens import Token
-from vgpumgr import audit, licensing
+from vgpumgr.audit import chain as audit
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.service import Service
 
 router = APIRouter(prefix="/v1")

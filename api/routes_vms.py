@@ -85,7 +85,7 @@ def migrate_vm(body: VmMigrate, name: str = VM, svc: Service = Depends(service),
     """Move the VM and its vGPUs to the host `to` names (libvirt peer-to-peer, live unless `offline`). With
     `to_api` (and `to_token`) the destination's vgpumgr is asked first where each vGPU would land; `dry_run`
     stops there. A refusal is a 409 naming every reason; nothing is changed on either host then."""
-    from vgpumgr.remote import Remote
+    from vgpumgr.fleet.remote import Remote
 
     dest = Remote(body.to_api, body.to_token or "") if body.to_api else None
     return svc.migrate_vm(name, body.to, offline=body.offline, dry_run=body.dry_run, dest=dest, actor=token.actor)

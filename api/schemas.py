@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
 
 Name = Field(min_length=1, max_length=64)
 TypeRef = Field(min_length=1, max_length=128, description="type id (nvidia-232), name (GRID T4-4Q) or short (T4-4Q)")

@@ -30,10 +30,10 @@ PHASES = (  # (module, attribute, label): wall time inside each, per pair (`--br
     ("vgpumgr.sim.kernel", "KernelEmulator.write", "simulated kernel: sysfs writes (create, remove)"),
     ("vgpumgr.backends.mdev", "get", "mdev lookups around the writes"),
     ("vgpumgr.ops.context", "Context.snapshot", "host snapshot: re-read of the touched GPU, placer index"),
-    ("vgpumgr.placement", "Placer.place", "placement decision"),
+    ("vgpumgr.placement.placer", "Placer.place", "placement decision"),
     ("vgpumgr.ops.allocate", "live_records", "live records query"),
     ("vgpumgr.ops.leases", "check_dead", "dead-owner check"),
-    ("vgpumgr.audit", "record", "audit appends (3 per pair: hash, head UPDATE, event INSERT)"),
+    ("vgpumgr.audit.chain", "record", "audit appends (3 per pair: hash, head UPDATE, event INSERT)"),
 )
 
 

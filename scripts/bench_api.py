@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO))
 
 from api import tokens  # noqa: E402
 from vgpumgr.config import Config  # noqa: E402
-from vgpumgr.host import Host  # noqa: E402
-from vgpumgr.inventory import scan  # noqa: E402
+from vgpumgr.discovery.inventory import scan  # noqa: E402
+from vgpumgr.hostfs.root import Host  # noqa: E402
 from vgpumgr.sim import profiles  # noqa: E402
 
 

@@ -48,10 +48,10 @@ TYPES = ("T4-4Q", "T4-2B", "T4-16Q", "L40S-4Q", "L40S-12Q", "L40S-48Q", "A100D-1
 def templates(tmp: Path) -> dict[str, list[Any]]:
     """Each board's 8 GPUs as vgpumgr publishes them, empty."""
     from vgpumgr.config import Config
+    from vgpumgr.discovery.inventory import scan
     from vgpumgr.fleet.capacity import host_capacity
-    from vgpumgr.inventory import scan
-    from vgpumgr.nvml_facts import merge_nvml
-    from vgpumgr.placement import Placer
+    from vgpumgr.nvidia.facts import merge_nvml
+    from vgpumgr.placement.placer import Placer
     from vgpumgr.sim import profiles
 
     out = {}

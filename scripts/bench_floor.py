@@ -54,7 +54,7 @@ class DbPair:
     """The pair's database work with the SQL of vgpumgr's own statements, run through `execute`."""
 
     def __init__(self, engine: Any, host_id: int, through_core: bool, prepared_writes: bool = False) -> None:
-        from vgpumgr import audit
+        from vgpumgr.audit import chain as audit
         from vgpumgr.db import store
 
         self.engine, self.host_id, self.core = engine, host_id, through_core
@@ -100,7 +100,7 @@ class DbPair:
                   "gpu": "0000:3b:00.0", "vm": None, "vgpu": vgpu, "error": None, "detail": {"type": "nvidia-223"}}
         self.audit._link(values, self.seq, self.hash)
         moved = {"seq": values["seq"], "hash": values["hash"], "old_seq": self.seq, "old_hash": self.hash}
-        if self.pg:  # one statement there, as vgpumgr.audit does
+        if self.pg:  # one statement there, as vgpumgr.audit.chain does
             self._write(self.audit._ADVANCE_AND_APPEND, values | moved)
         else:
             self._write(self.audit._ADVANCE_HEAD, moved)
@@ -158,7 +158,7 @@ def measure(pairs: int, db: str = "sqlite") -> dict[str, Any]:
     from vgpumgr.config import Config
     from vgpumgr.db.session import dispose_engines, get_engine
     from vgpumgr.ops.allocate import live_records
-    from vgpumgr.placement import Policy, Request
+    from vgpumgr.placement.placer import Policy, Request
     from vgpumgr.service import Service
     from vgpumgr.sim import profiles
 

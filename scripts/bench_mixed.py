@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from vgpumgr import placement_ids as pid  # noqa: E402
+from vgpumgr.placement import ids as pid  # noqa: E402
 
 GPUS = 8
 SIZES = {48: (2, 4, 8, 12, 16, 24), 80: (4, 5, 8, 10, 16, 20, 40)}

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from placement_fixtures import HostBuilder  # noqa: E402
 
 from vgpumgr.model import Inventory  # noqa: E402
-from vgpumgr.placement import Allocation, Placer, Policy, Request, place  # noqa: E402
+from vgpumgr.placement.placer import Allocation, Placer, Policy, Request, place  # noqa: E402
 
 TYPES = ["L40S-2Q", "A40-2Q"]
 

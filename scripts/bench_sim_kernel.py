@@ -43,7 +43,7 @@ def _type_id(table: list[Any], suffix: str) -> int:
 
 def _setup(case: str, base: Path) -> tuple[Callable[[], None], Callable[[], None]]:
     """Build the tree, hold the background vGPUs; return (make one vGPU, undo it)."""
-    from vgpumgr.host import Host
+    from vgpumgr.hostfs.root import Host
     from vgpumgr.sim import catalog, profiles
 
     if case == "t4-mdev":

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from api import tokens  # noqa: E402
 from vgpumgr.config import Config  # noqa: E402
-from vgpumgr.remote import UnixHTTPConnection  # noqa: E402
+from vgpumgr.fleet.remote import UnixHTTPConnection  # noqa: E402
 from vgpumgr.service import Service  # noqa: E402
 from vgpumgr.sim import guests, profiles  # noqa: E402
 from vgpumgr.telemetry.sampler import Sampler, interval_seconds  # noqa: E402
@@ -56,7 +56,7 @@ def build(tmp: Path) -> tuple[Service, Path]:
 
 
 def _pin(vf: str):  # noqa: ANN202
-    from vgpumgr.placement import Policy
+    from vgpumgr.placement.placer import Policy
 
     return Policy(pin_parent=vf)
 

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from vgpumgr.nvml import NvmlLayer  # noqa: E402
+from vgpumgr.nvidia.nvml import NvmlLayer  # noqa: E402
 
 
 def raw_profile_answers(nvml) -> dict[str, dict[str, object]]:  # noqa: ANN001 - a pynvml module

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from nvml_vgpu_check import answer  # noqa: E402 - the same read-only query helper (this directory)
 
 from vgpumgr import nvml_scheduler  # noqa: E402
-from vgpumgr.nvml import NvmlLayer  # noqa: E402
+from vgpumgr.nvidia.nvml import NvmlLayer  # noqa: E402
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from vgpumgr import compat  # noqa: E402
-from vgpumgr import nvml_migration as nvmig  # noqa: E402
-from vgpumgr.nvml import NvmlLayer  # noqa: E402
+from vgpumgr.nvidia import migration as nvmig  # noqa: E402
+from vgpumgr.nvidia.nvml import NvmlLayer  # noqa: E402
 
 
 def answer(nvml, fn: str, *args: object) -> dict[str, object]:  # noqa: ANN001 - a pynvml module

@@ -154,7 +154,7 @@ def board_capacity(tmp: Path, profile: str, scale: int = 1, vfs: int | None = No
     index to (type, how many)."""
     from vgpumgr.config import Config
     from vgpumgr.fleet.capacity import host_capacity
-    from vgpumgr.placement import Policy
+    from vgpumgr.placement.placer import Policy
     from vgpumgr.service import Service
 
     root = profiles.create(tmp / f"board-{profile}-{len(list(tmp.glob('board-*')))}", profile, scale=scale, vfs=vfs)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from api import tokens
 from vgpumgr.config import Config
-from vgpumgr.host import Host
-from vgpumgr.inventory import scan
+from vgpumgr.discovery.inventory import scan
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import profiles
 
 REPO = Path(__file__).resolve().parents[1]

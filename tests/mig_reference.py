@@ -1,6 +1,6 @@
 """The MIG planner as first written: set arithmetic and a search per call, with no shared memo.
 
-vgpumgr.mig answers the same questions with bit masks and remembers answers per table;
+vgpumgr.mig.plan answers the same questions with bit masks and remembers answers per table;
 tests/test_mig.py checks both agree on every layout the known tables allow. Kept as the readable
 statement of the rules, not used by vgpumgr itself."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vgpumgr.mig import Placed, Profile, ProfileTable
+from vgpumgr.mig.plan import Placed, Profile, ProfileTable
 
 
 def _compute(table: ProfileTable, gi: Placed) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 from hookserver import LIBVIRT, Server, running_server
 
 from api import tokens
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 from vgpumgr.db.session import session_factory
 from vgpumgr.service import Service
 from vgpumgr.sim.libvirtd import CONFIG, SCHEME

@@ -21,7 +21,7 @@ from typing import Any
 from hookserver import PROXMOX, Server, run
 
 from vgpumgr import ids
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 FIRST_PID = 7000
 

@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 from vgpumgr.cli.main import main
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import profiles
 
 

@@ -320,7 +320,7 @@ def test_hook_ensure_is_idempotent_and_recreates_after_reboot(env: ApiEnv) -> No
 
 
 def _domain_xml(name: str, uuid: str, meta: dict | None = None) -> str:
-    from vgpumgr import domain
+    from vgpumgr.virt import domain
 
     spec = domain.VmSpec(name, hostdevs=[domain.Hostdev("mdev", uuid=uuid)])
     d = domain.build(spec)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 from vgpumgr.db.session import get_engine, session_factory
 from vgpumgr.errors import InvalidInput
 

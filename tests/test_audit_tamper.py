@@ -18,8 +18,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from vgpumgr import audit, audit_key, checkpoints
-from vgpumgr.checkpoints import Checkpointer
+from vgpumgr.audit import chain as audit
+from vgpumgr.audit import checkpoints
+from vgpumgr.audit import key as audit_key
+from vgpumgr.audit.checkpoints import Checkpointer
 from vgpumgr.db.session import get_engine, make_engine, session_factory
 from vgpumgr.errors import AuditBroken, InvalidInput
 

@@ -9,10 +9,10 @@ import importlib.util
 import random
 from pathlib import Path
 
-from vgpumgr import placement
-from vgpumgr.host import Host
-from vgpumgr.inventory import scan
+from vgpumgr.discovery.inventory import scan
+from vgpumgr.hostfs.root import Host
 from vgpumgr.model import BACKEND_NVIDIA_VF
+from vgpumgr.placement import placer as placement
 from vgpumgr.sim import profiles
 
 _SPEC = importlib.util.spec_from_file_location("bench_mixed",

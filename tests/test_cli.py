@@ -172,7 +172,7 @@ def test_print_xml_is_a_dry_run_without_database_or_libvirt(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("profile", ["mixed", "a40-sriov", "samples"])
 def test_types_json_fast_path_matches_the_discovered_objects(tmp_path: Path, profile: str) -> None:
-    from vgpumgr.inventory import discover_types
+    from vgpumgr.discovery.inventory import discover_types
 
     host = make(tmp_path, profile)
     for attempt in range(2):  # the first run fills the type cache, the second reads it

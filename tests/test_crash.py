@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 
-from vgpumgr import licensing
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.session import dispose_engines
 from vgpumgr.discovery.mdev import discover_mdevs
-from vgpumgr.domain import referenced_devices
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.service import Service
 from vgpumgr.sim import profiles
-from vgpumgr.virt import Virt
+from vgpumgr.virt.domain import referenced_devices
+from vgpumgr.virt.driver import Virt
 
 VGPUMGR = str(Path(sys.executable).with_name("vgpumgr"))
 TYPE = "T4-1Q"
@@ -236,7 +236,7 @@ def test_killed_cli_runs_are_cleaned_up_by_the_next_allocation(host: Host) -> No
     h.svc.invalidate()
     assert_clean(h, f"after {len(kinds) + 3} kills ({sorted(set(kinds))}) and one allocation")
     with h.svc.sessions() as s:
-        from vgpumgr import audit
+        from vgpumgr.audit import chain as audit
 
         rollbacks = [e for e in audit.query(s, action="vgpu.rollback")]
     assert rollbacks and all(e.detail["reason"] for e in rollbacks)

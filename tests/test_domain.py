@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from vgpumgr import domain
-from vgpumgr.domain import Hostdev, VmSpec
 from vgpumgr.errors import InvalidInput
+from vgpumgr.virt import domain
+from vgpumgr.virt.domain import Hostdev, VmSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "xml"
 VM_UUID = "5f0c2e1a-3b4d-4c5e-8f60-718293a4b5c6"

@@ -20,7 +20,7 @@ from simhost import run
 from api import tokens
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.config import Config
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import profiles
 
 HEARTBEAT_S = 0.5

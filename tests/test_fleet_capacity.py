@@ -12,7 +12,7 @@ from vgpumgr.config import Config
 from vgpumgr.fleet import capacity
 from vgpumgr.model import BACKEND_NVIDIA_VF
 from vgpumgr.ops.allocate import live_records
-from vgpumgr.placement import Allocation, Policy, Request, mig_profile_for
+from vgpumgr.placement.placer import Allocation, Policy, Request, mig_profile_for
 from vgpumgr.service import Service
 from vgpumgr.sim import profiles
 

@@ -12,7 +12,7 @@ import pytest
 from simhost import run
 from test_api import make_env, problem
 
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput, NotFound
 from vgpumgr.service import Service

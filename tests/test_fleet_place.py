@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from vgpumgr import compat
 from vgpumgr.errors import InvalidInput
 from vgpumgr.fleet.place import FleetRequest, Migrating, place, with_gpus
 from vgpumgr.fleet.store import GpuOffer, HostRow, OfferGroup
+from vgpumgr.nvidia import compat
 
 L40S, H100_PCIE = ("NVIDIA L40S", "26b9"), ("NVIDIA H100 PCIe", "2331")
 

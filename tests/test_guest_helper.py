@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vgpumgr import guest_helper
+from vgpumgr.guest import helper as guest_helper
 from vgpumgr.resources import data_dir
 
 NAME = "opt/dev.vgpumgr/nls/ft{ft}/client_configuration_token"

@@ -14,7 +14,7 @@ import pytest
 from hookserver import LIBVIRT, PROXMOX, Server, run, running_server
 from lxml import etree
 
-from vgpumgr import domain
+from vgpumgr.virt import domain
 
 GPU_A, GPU_B = "0000:3b:00.0", "0000:3d:00.0"
 

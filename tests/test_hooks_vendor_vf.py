@@ -17,14 +17,15 @@ import pytest
 from hookserver import LIBVIRT, Server, run, running_server
 from lxml import etree
 
-from vgpumgr import audit, domain
+from vgpumgr.audit import chain as audit
 from vgpumgr.errors import Busy, Conflict
-from vgpumgr.host import Host
+from vgpumgr.fleet.remote import UnixHTTPConnection
+from vgpumgr.hostfs.root import Host
 from vgpumgr.ops.allocate import Owner
-from vgpumgr.placement import Policy
-from vgpumgr.remote import UnixHTTPConnection
+from vgpumgr.placement.placer import Policy
 from vgpumgr.service import Service
 from vgpumgr.sim.reboot import reboot as sim_reboot
+from vgpumgr.virt import domain
 
 T4 = "0000:3b:00.0"
 VF1, VF2, VF3, VF4 = "0000:3d:00.4", "0000:3d:00.5", "0000:3d:00.6", "0000:3d:00.7"
@@ -65,7 +66,7 @@ def reboot(root: Path) -> None:
     """A host reboot, then the boot-time step that enables the L40S's VFs again (vgpumgr-restore's first step:
     the driver never re-enables them by itself); their vGPU types stay 0 until a hook sets them."""
     from vgpumgr.backends.sriov import set_numvfs
-    from vgpumgr.host import Host
+    from vgpumgr.hostfs.root import Host
 
     sim_reboot(root)
     set_numvfs(Host(root), L40S, 8, allow_nvidia=True)

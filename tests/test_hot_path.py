@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from vgpumgr import audit, ids
+from vgpumgr import ids
+from vgpumgr.audit import chain as audit
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.models import Allocation
+from vgpumgr.discovery.inventory import scan
 from vgpumgr.errors import NotFound
-from vgpumgr.inventory import scan
 from vgpumgr.service import Service
 from vgpumgr.sim import profiles
 
@@ -123,8 +124,8 @@ def test_new_uuid_is_a_random_version_4_uuid() -> None:
 
 
 def test_print_xml_compiles_the_schema_only_when_asked(tmp_path: Path) -> None:
-    from vgpumgr import domain
     from vgpumgr.cli.main import main
+    from vgpumgr.virt import domain
 
     root = profiles.create(tmp_path / "sim", "t4")
     domain._domain_rng.cache_clear()

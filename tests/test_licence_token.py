@@ -24,10 +24,11 @@ from simhost import run
 
 from api import tokens
 from api.app import create_app
-from vgpumgr import domain, licence_token
 from vgpumgr.config import Config
+from vgpumgr.licensing import token as licence_token
 from vgpumgr.service import Service
 from vgpumgr.sim import guests, profiles
+from vgpumgr.virt import domain
 
 SERVER = "dls.example.test"
 LINUX_DIR = "fs/etc/nvidia/ClientConfigToken"

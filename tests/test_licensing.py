@@ -7,10 +7,11 @@ from datetime import date, timedelta
 
 import pytest
 
-from vgpumgr import audit, licensing
+from vgpumgr.audit import chain as audit
 from vgpumgr.db import store
 from vgpumgr.db.session import session_factory
 from vgpumgr.errors import Conflict, InvalidInput, NoSeat
+from vgpumgr.licensing import seats as licensing
 
 TODAY = date(2026, 6, 1)
 

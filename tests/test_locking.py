@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from vgpumgr.errors import Busy
-from vgpumgr.locking import default_lock_path, host_lock
+from vgpumgr.hostfs.locking import default_lock_path, host_lock
 
 HOLDER = """
 import sys, time
-from vgpumgr.locking import host_lock
+from vgpumgr.hostfs.locking import host_lock
 with host_lock(sys.argv[1], timeout=5):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))

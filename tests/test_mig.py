@@ -5,8 +5,8 @@ from __future__ import annotations
 import mig_reference
 import pytest
 
-from vgpumgr import mig
 from vgpumgr.errors import InvalidInput, NoCapacity, NotFound
+from vgpumgr.mig import plan as mig
 
 H100 = mig.KNOWN_TABLES["h100-80gb"]
 A100_80 = mig.KNOWN_TABLES["a100-80gb"]

@@ -15,12 +15,13 @@ from hookserver import LIBVIRT, run
 from lxml import etree
 from migration_hosts import SimHost, sim_hosts
 
-from vgpumgr import domain, migration
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity
-from vgpumgr.remote import Remote, UnixHTTPConnection
+from vgpumgr.fleet.remote import Remote, UnixHTTPConnection
 from vgpumgr.sim import guests
 from vgpumgr.sim.libvirtd import FAIL_ENV
 from vgpumgr.sim.nvml import write_state
+from vgpumgr.virt import domain
+from vgpumgr.virt import migration_xml as migration
 
 T4 = "0000:3b:00.0"
 L40S = "0000:3d:00.0"
@@ -196,7 +197,7 @@ def test_the_cli_dry_run_names_each_refusal(pair: list[SimHost]) -> None:
 
 
 def _pin(parent: str):  # noqa: ANN202
-    from vgpumgr.placement import Policy
+    from vgpumgr.placement.placer import Policy
 
     return Policy(pin_parent=parent)
 
@@ -249,16 +250,16 @@ def test_the_persistent_definition_is_pointed_at_the_destinations_vgpus() -> Non
 
 
 def _seats(h: SimHost) -> list[tuple[str, str]]:
-    from vgpumgr import licensing
     from vgpumgr.db.session import session_factory
+    from vgpumgr.licensing import seats as licensing
 
     with session_factory(h.server.cfg.db_url)() as s:
         return [(x.host, x.vm) for u in licensing.usage(s) for x in u.holders]
 
 
 def _pool(h: SimHost, seats: int) -> None:
-    from vgpumgr import licensing
     from vgpumgr.db.session import session_factory
+    from vgpumgr.licensing import seats as licensing
 
     with session_factory(h.server.cfg.db_url).begin() as s:
         licensing.add_pool(s, name=f"vws-{h.name}", edition_name="vWS", seats=seats)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from migration_hosts import SimHost, sim_hosts
 
-from vgpumgr import domain
+from vgpumgr.virt import domain
 
 VGPUMGR = str(Path(sys.executable).with_name("vgpumgr"))
 

@@ -13,10 +13,11 @@ from hookserver import LIBVIRT, run
 from lxml import etree
 from migration_hosts import SimHost, sim_hosts
 
-from vgpumgr import domain, migration
-from vgpumgr.domain import NS
 from vgpumgr.errors import InvalidInput, NoCapacity
 from vgpumgr.sim.libvirtd import SimMigration
+from vgpumgr.virt import domain
+from vgpumgr.virt import migration_xml as migration
+from vgpumgr.virt.domain import NS
 
 A100 = "0000:65:00.0"
 A100_2 = "0000:67:00.0"  # the second A100 of `--scale 2`
@@ -177,6 +178,6 @@ def test_mig_off_is_named_only_where_mig_is_off_and_a_contradicting_record_is_re
 
 
 def _pin(gpu: str):  # noqa: ANN202
-    from vgpumgr.placement import Policy
+    from vgpumgr.placement.placer import Policy
 
     return Policy(pin_gpu=gpu)

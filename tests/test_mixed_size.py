@@ -111,7 +111,7 @@ def test_acceptance_mixed_sizes_on_one_l40s_then_reboot_and_restore(cli) -> None
     assert json.loads(cli("reconcile", "--json")[1])["vgpu_mode_drift"] == []
     # a vGPU gone by itself comes back through reconcile --fix at its recorded placement (first free would be 42)
     from vgpumgr.backends import nvidia_vf
-    from vgpumgr.host import Host
+    from vgpumgr.hostfs.root import Host
 
     vf5 = records(cli)["vm5"][2]
     nvidia_vf.clear_type(Host(cli.root), vf5, retries=1)
@@ -260,7 +260,7 @@ def test_mdev_backend_a40_mixed_sizes_and_restore(tmp_path: Path, monkeypatch: p
 def test_r550_asks_through_vgpu_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json as _json
 
-    from vgpumgr.host import SIM_MARKER
+    from vgpumgr.hostfs.root import SIM_MARKER
 
     monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
     root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=0)
@@ -287,9 +287,9 @@ def test_real_h100_without_a_vgpu_manager_is_unknown_not_an_error() -> None:
     tests/fixtures/nvml/h100-mixed.json, from scripts/nvml_mixed_check.py): every mixed-size call NotSupported."""
     import pynvml
 
-    from vgpumgr import nvml_mixed
     from vgpumgr.errors import Conflict
-    from vgpumgr.nvml import nvml_error
+    from vgpumgr.nvidia import mixed as nvml_mixed
+    from vgpumgr.nvidia.nvml import nvml_error
 
     rec = json.loads((Path(__file__).parent / "fixtures/nvml/h100-mixed.json").read_text())
     [(_bus, gpu)] = rec["gpus"].items()
@@ -408,7 +408,7 @@ def test_restore_reads_the_driver_given_ids_again_without_asking(cli) -> None:  
 
 
 def _r550(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
-    from vgpumgr.host import SIM_MARKER
+    from vgpumgr.hostfs.root import SIM_MARKER
 
     monkeypatch.setenv("VGPUMGR_LICENCE_MODE", "off")
     root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=4)
@@ -444,7 +444,7 @@ def test_r550_and_ampere_have_no_equal_mode_placements(tmp_path: Path, monkeypat
 
 
 def _l40s_nvml(tmp_path: Path, cls: type):  # noqa: ANN202
-    from vgpumgr.nvml import NvmlLayer
+    from vgpumgr.nvidia.nvml import NvmlLayer
     from vgpumgr.sim.paths import nvml_state_path
 
     root = profiles.create(tmp_path / "sim", "l40s-vfio", vfs=4)
@@ -457,7 +457,7 @@ def _l40s_nvml(tmp_path: Path, cls: type):  # noqa: ANN202
 def test_an_old_nvidia_ml_py_or_a_refusing_driver_gives_unknown_not_the_mixed_list(tmp_path: Path) -> None:
     import pynvml
 
-    from vgpumgr import nvml_mixed
+    from vgpumgr.nvidia import mixed as nvml_mixed
     from vgpumgr.sim.nvml import SimNvml
 
     class Pynvml12550(SimNvml):

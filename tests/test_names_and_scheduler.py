@@ -11,9 +11,9 @@ from test_nvml import REAL, ReplayNvml
 
 from vgpumgr.discovery import pci
 from vgpumgr.discovery.pci import PciNames, discover_gpus
-from vgpumgr.host import Host
-from vgpumgr.nvml import NvmlLayer
-from vgpumgr.nvml_facts import merge_facts
+from vgpumgr.hostfs.root import Host
+from vgpumgr.nvidia.facts import merge_facts
+from vgpumgr.nvidia.nvml import NvmlLayer
 
 H100_PF = "0000:19:00.0"  # the h100-mig profile's PF
 REAL_H100 = "0000:00:06.0"  # the address in the real capture

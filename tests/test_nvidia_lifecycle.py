@@ -8,8 +8,8 @@ import pytest
 from simhost import make
 
 from vgpumgr.backends import mdev, nvidia_vf, passthrough, sriov
+from vgpumgr.discovery.inventory import discover_types
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity, NotFound
-from vgpumgr.inventory import discover_types
 
 
 def avail(host, parent):  # noqa: ANN001, ANN201

@@ -13,9 +13,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from vgpumgr import mig
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity
-from vgpumgr.nvml import NvmlLayer
+from vgpumgr.mig import plan as mig
+from vgpumgr.nvidia.nvml import NvmlLayer
 from vgpumgr.sim.nvml import SimNvml, create_state, write_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
@@ -170,7 +170,7 @@ def test_layer_output_is_json_ready_and_matches_the_recording() -> None:
 
 def test_missing_library_gives_sysfs_only_and_one_notice(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     layer = NvmlLayer(SimNvml(tmp_path / "absent.json"))
-    caplog.set_level("INFO", logger="vgpumgr.nvml")
+    caplog.set_level("INFO", logger="vgpumgr.nvidia.nvml")
     assert layer.gpus() == {} and layer.gpus() == {}
     assert not layer.available
     assert "libnvidia-ml.so.1" in layer.notice and "sysfs only" in layer.notice
@@ -185,7 +185,7 @@ def test_missing_python_package(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_importing_the_layer_does_not_import_pynvml() -> None:
-    code = "import sys, vgpumgr.nvml, vgpumgr.mig; print('pynvml' in sys.modules)"
+    code = "import sys, vgpumgr.nvidia.nvml, vgpumgr.mig.plan; print('pynvml' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
@@ -254,7 +254,7 @@ def test_create_and_destroy_gpu_instances_seen_by_another_process(sim: SimNvml) 
     assert (first["start"], first["size"], first["profile_id"]) == (4, 4, 9)
     second = layer.create_gpu_instance(A100, "2g.20gb", start=2, compute_instance=True)
     assert second["compute_instances"] == [{"id": 0, "profile_id": 1, "start": 0, "size": 2}]
-    code = ("import json, sys; from vgpumgr.nvml import NvmlLayer; from vgpumgr.sim.nvml import SimNvml; "
+    code = ("import json, sys; from vgpumgr.nvidia.nvml import NvmlLayer; from vgpumgr.sim.nvml import SimNvml; "
             f"g = NvmlLayer(SimNvml(sys.argv[1])).gpu('{A100}'); print(json.dumps(g['mig']['gpu_instances']))")
     seen = json.loads(subprocess.run([sys.executable, "-c", code, str(sim.state_path)],
                                      capture_output=True, text=True, check=True).stdout)

@@ -11,7 +11,7 @@ from placement_fixtures import HostBuilder, vf_addresses
 
 from vgpumgr.errors import InvalidInput, NotFound
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, Inventory
-from vgpumgr.placement import (
+from vgpumgr.placement.placer import (
     Allocation,
     Decision,
     Placer,

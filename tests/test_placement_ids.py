@@ -1,11 +1,11 @@
 """NVIDIA's published mixed-size placement tables (vGPU 17 user guide, appendix B; docs/sources.md §21),
-reproduced exactly by the partition algorithm in vgpumgr.placement_ids, and the default policy's choices."""
+reproduced exactly by the partition algorithm in vgpumgr.placement.ids, and the default policy's choices."""
 
 from __future__ import annotations
 
 import pytest
 
-from vgpumgr import placement_ids as pid
+from vgpumgr.placement import ids as pid
 
 R = range
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from placement_fixtures import H100_MIG_TYPES, HostBuilder, vf_addresses
 
-from vgpumgr import mig
-from vgpumgr.mig_facts import MigFacts
+from vgpumgr.mig import plan as mig
+from vgpumgr.mig.facts import MigFacts
 from vgpumgr.model import BACKEND_NVIDIA_VF
-from vgpumgr.placement import Allocation, Request, explain_text, place
+from vgpumgr.placement.placer import Allocation, Request, explain_text, place
 
 H100 = "0000:65:00.0"
 VFS = vf_addresses(H100, 16)

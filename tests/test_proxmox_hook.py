@@ -15,7 +15,7 @@ import pytest
 from hookserver import PROXMOX, Server, run, running_server
 from qemuserver import QemuServer
 
-from vgpumgr import licensing
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.service import Service
 
 FIXTURES = Path(__file__).parent / "fixtures/proxmox"
@@ -155,7 +155,7 @@ def test_pre_start_refreshes_the_licence_token_copy_and_names_the_args_line(serv
     line to add until the VM's config has it."""
     import os
 
-    from vgpumgr import licence_token
+    from vgpumgr.licensing import token as licence_token
 
     token = b"eyJhbGciOiJSUzI1NiJ9.e30." + os.urandom(16).hex().encode()
     licence_token.store(server.cfg.state_dir, token)

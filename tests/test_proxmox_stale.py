@@ -17,7 +17,8 @@ from hookserver import Server, running_server
 from qemuserver import QemuServer
 from simhost import run as cli
 
-from vgpumgr import audit, licensing
+from vgpumgr.audit import chain as audit
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.ops import stale
 from vgpumgr.service import Service
 

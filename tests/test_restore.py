@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from simhost import run
 
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
 from vgpumgr.config import Config
@@ -326,7 +326,7 @@ def test_profile_check_names_what_does_not_fit(tmp_path: Path, text: str, proble
     ("[gpu\n", "is not valid TOML"),
 ])
 def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path, text: str, message: str) -> None:
-    from vgpumgr.boot_profile import load
+    from vgpumgr.platforms.boot_profile import load
 
     path = tmp_path / "p.toml"
     path.write_text(text)

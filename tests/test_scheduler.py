@@ -19,9 +19,11 @@ from simhost import run
 from sqlalchemy import text
 
 from api.app import create_app
-from vgpumgr import nvml_gi_scheduler, nvml_scheduler, rmpvmrl
 from vgpumgr.config import Config
-from vgpumgr.nvml import NvmlLayer
+from vgpumgr.nvidia import gi_scheduler as nvml_gi_scheduler
+from vgpumgr.nvidia import rmpvmrl
+from vgpumgr.nvidia import scheduler as nvml_scheduler
+from vgpumgr.nvidia.nvml import NvmlLayer
 from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.service import Service
 from vgpumgr.sim import guests, profiles

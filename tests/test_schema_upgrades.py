@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 from vgpumgr.cli.main import main
 from vgpumgr.db import schema
 from vgpumgr.db import session as dbs

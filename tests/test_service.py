@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.config import Config
 from vgpumgr.discovery.mdev import discover_mdevs
 from vgpumgr.discovery.nvidia_vf import discover_vf_vgpus
-from vgpumgr.domain import read_allocations
 from vgpumgr.errors import Busy, Conflict, InvalidInput, KernelError, NoCapacity, NoSeat, NotFound, VgpuError
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
 from vgpumgr.service import Service
 from vgpumgr.sim import profiles
+from vgpumgr.virt.domain import read_allocations
 
 
 def make_service(tmp_path: Path, profile: str = "mixed", licence_mode: str = "off", **kw: object) -> Service:
@@ -72,7 +72,7 @@ def test_idempotency_key_gives_the_same_vgpu(tmp_path: Path) -> None:
 def test_failed_device_creation_rolls_back_record_seat_and_is_audited(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     svc = make_service(tmp_path, licence_mode="enforce")
-    from vgpumgr import licensing
+    from vgpumgr.licensing import seats as licensing
 
     with svc.tx() as s:
         licensing.add_pool(s, name="p", edition_name="vWS", seats=1)
@@ -167,7 +167,7 @@ def test_print_xml_changes_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("step", ["placement", "device", "define", "start"])
 def test_vm_create_rolls_back_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
-    from vgpumgr import virt as virt_mod
+    from vgpumgr.virt import driver as virt_mod
 
     svc = make_service(tmp_path)
     vgpus = ["T4-4Q", "L40S-2Q"]

@@ -40,7 +40,7 @@ def test_two_hosts_share_one_database(tmp_path: Path, db_url: str, monkeypatch: 
 
 def test_vm_lifecycle_and_audit_on_each_database(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
                                                  ) -> None:
-    from vgpumgr import audit
+    from vgpumgr.audit import chain as audit
 
     tag = uuid.uuid4().hex[:8]
     svc = host_service(tmp_path, db_url, f"hv-{tag}", monkeypatch)

@@ -126,7 +126,7 @@ def test_stamped_schema_revision_is_alembics_head() -> None:
 
 
 def test_a_simulated_root_names_its_kernel_and_a_plain_tree_gets_the_real_one(tmp_path: Path) -> None:
-    from vgpumgr.host import Host, Kernel
+    from vgpumgr.hostfs.root import Host, Kernel
     from vgpumgr.sim import profiles
 
     sim = Host(profiles.create(tmp_path / "sim", "t4"))
@@ -135,10 +135,10 @@ def test_a_simulated_root_names_its_kernel_and_a_plain_tree_gets_the_real_one(tm
     assert type(plain.kernel) is Kernel and not plain.simulated
 
 
-@pytest.mark.parametrize("spec", ["os:system", "vgpumgr.errors:VgpuError", "vgpumgr.host:Host", "../x:Y"])
+@pytest.mark.parametrize("spec", ["os:system", "vgpumgr.errors:VgpuError", "vgpumgr.hostfs.root:Host", "../x:Y"])
 def test_a_kernel_file_naming_anything_else_is_refused(tmp_path: Path, spec: str) -> None:
     from vgpumgr.errors import InvalidInput
-    from vgpumgr.host import KERNEL_FILE, Host
+    from vgpumgr.hostfs.root import KERNEL_FILE, Host
 
     (tmp_path / KERNEL_FILE).write_text(spec + "\n")
     with pytest.raises(InvalidInput, match="not a vgpumgr kernel"):

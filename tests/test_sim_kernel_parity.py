@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from simhost import make
 
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim.reboot import reboot
 
 TOTAL = 32

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from simhost import make
 
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim.kernel import KernelEmulator
 from vgpumgr.sim.tree import SimTree

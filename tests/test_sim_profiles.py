@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from simhost import make
 
+from vgpumgr.discovery.inventory import discover_types, scan
 from vgpumgr.discovery.mdev import discover_mdevs
 from vgpumgr.discovery.pci import discover_gpus
 from vgpumgr.errors import Conflict, InvalidInput
-from vgpumgr.inventory import discover_types, scan
 from vgpumgr.sim import profiles
 
 

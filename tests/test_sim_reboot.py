@@ -9,12 +9,12 @@ from pathlib import Path
 from simhost import make, run
 
 from vgpumgr.backends import mdev, nvidia_vf, sriov
+from vgpumgr.discovery.inventory import discover_types
 from vgpumgr.discovery.mdev import discover_mdevs
 from vgpumgr.discovery.nvidia_vf import discover_vf_vgpus
 from vgpumgr.discovery.pci import discover_gpus
-from vgpumgr.host import Host
-from vgpumgr.inventory import discover_types
-from vgpumgr.nvml import NvmlLayer
+from vgpumgr.hostfs.root import Host
+from vgpumgr.nvidia.nvml import NvmlLayer
 from vgpumgr.sim.kernel import KernelEmulator
 from vgpumgr.sim.mig_link import sync_from_nvml
 from vgpumgr.sim.nvml import SimNvml

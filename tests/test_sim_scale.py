@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from simhost import make, run
 
+from vgpumgr.discovery.inventory import discover_types
 from vgpumgr.discovery.pci import discover_gpus
 from vgpumgr.errors import InvalidInput
-from vgpumgr.host import Host
-from vgpumgr.inventory import discover_types
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import profiles
 from vgpumgr.sim.nvml import SimNvml
 from vgpumgr.sim.platform import nvml_state_path as sim_state_path

@@ -1,5 +1,5 @@
 """Running vGPUs in the simulated NVML (what NVML reports once a VM opened its vGPU) and NVIDIA's
-migration rules (vgpumgr.compat)."""
+migration rules (vgpumgr.nvidia.compat)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from vgpumgr import compat
 from vgpumgr.config import Config
+from vgpumgr.nvidia import compat
 from vgpumgr.service import Service
 from vgpumgr.sim import guests, nvml_vgpus, profiles
 from vgpumgr.sim.reboot import reboot as sim_reboot
@@ -121,8 +121,8 @@ def test_on_the_real_h100_in_passthrough_the_vgpu_calls_are_absent_and_the_rules
 
     from test_nvml import REAL, ReplayNvml
 
-    from vgpumgr import nvml_migration
-    from vgpumgr.nvml import NvmlLayer
+    from vgpumgr.nvidia import migration as nvml_migration
+    from vgpumgr.nvidia.nvml import NvmlLayer
 
     rec = json.loads((Path(__file__).parent / "fixtures/nvml/h100-vgpu.json").read_text())
     [(address, gpu)] = rec["gpus"].items()

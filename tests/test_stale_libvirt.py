@@ -18,12 +18,14 @@ from hookserver import LIBVIRT, Server, run, running_server
 from lxml import etree
 from simhost import run as cli
 
-from vgpumgr import audit, domain, licensing
+from vgpumgr.audit import chain as audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.config import Config
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.ops import stale
 from vgpumgr.service import Service
-from vgpumgr.virt import Virt
+from vgpumgr.virt import domain
+from vgpumgr.virt.driver import Virt
 
 GPU = "0000:3d:00.0"  # the second T4
 

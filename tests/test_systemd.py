@@ -18,7 +18,7 @@ from simhost import make, run
 
 from api.server import DEFAULT_SOCKET, systemd_socket
 from vgpumgr.errors import InvalidInput
-from vgpumgr.systemd_units import UNITS
+from vgpumgr.platforms.systemd_units import UNITS
 
 VGPUMGR = Path(sys.executable).with_name("vgpumgr")
 

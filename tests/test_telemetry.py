@@ -17,9 +17,10 @@ from simhost import run
 
 from api import tokens
 from api.app import create_app
-from vgpumgr import audit, licensing
+from vgpumgr.audit import chain as audit
 from vgpumgr.config import Config
 from vgpumgr.db.session import session_factory
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.service import Service
 from vgpumgr.sim import guests, profiles
 from vgpumgr.sim.nvml_telemetry import engine_value
@@ -229,7 +230,7 @@ def test_no_vgpu_manager_means_no_data_said_once(tmp_path: Path, caplog: pytest.
     """The real H100 (passthrough, driver 580.159.04) answered NotSupported to every vGPU call."""
     from test_nvml import REAL, ReplayNvml
 
-    from vgpumgr.nvml import NvmlLayer
+    from vgpumgr.nvidia.nvml import NvmlLayer
     from vgpumgr.telemetry.read import Reader
 
     gpus, notices = Reader(NvmlLayer(ReplayNvml(REAL))).read()

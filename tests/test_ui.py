@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from simhost import run
 from test_api import ApiEnv, make_env
 
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 
 T4, L40S, A100 = "0000:3b:00.0", "0000:3d:00.0", "0000:65:00.0"
 GPUS = ("0000:00:02.0", T4, L40S, A100)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from simhost import run
 
-from vgpumgr import vendor_steps
 from vgpumgr.errors import Conflict, KernelError
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import profiles
+from vgpumgr.vendors import steps as vendor_steps
 
 ASCEND, MI300X, FLEX = "0000:81:00.0", "0000:89:00.0", "0000:8b:00.0"
 

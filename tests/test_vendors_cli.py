@@ -13,7 +13,7 @@ import pytest
 from lxml import etree
 from simhost import run
 
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import profiles
 from vgpumgr.sim.vendor_gpus import NPU_SMI
 

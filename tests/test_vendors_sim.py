@@ -12,10 +12,10 @@ import pytest
 from simhost import make
 
 from vgpumgr.backends import mdev
+from vgpumgr.discovery.inventory import discover_types
 from vgpumgr.discovery.pci import discover_gpus
 from vgpumgr.errors import NoCapacity
-from vgpumgr.host import Host
-from vgpumgr.inventory import discover_types
+from vgpumgr.hostfs.root import Host
 from vgpumgr.sim.reboot import reboot
 from vgpumgr.sim.vendor_gpus import NPU_SMI
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from vgpumgr import domain
-from vgpumgr.domain import Hostdev, VmSpec
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NotFound, Unavailable
-from vgpumgr.virt import Virt
+from vgpumgr.virt import domain
+from vgpumgr.virt.domain import Hostdev, VmSpec
+from vgpumgr.virt.driver import Virt
 
 GOLDEN = Path(__file__).parent / "golden" / "xml"
 MDEV_A = "02cf755c-dcc5-5620-af1c-67549994f1ab"
@@ -50,7 +50,7 @@ def test_uri_from_argument_env_or_default(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_module_import_does_not_load_libvirt() -> None:
-    code = "import sys, vgpumgr.virt; print('libvirt' in sys.modules)"
+    code = "import sys, vgpumgr.virt.driver; print('libvirt' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

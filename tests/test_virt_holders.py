@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from vgpumgr import domain, virt, virt_holders
-from vgpumgr.domain import Hostdev, VmSpec
-from vgpumgr.virt import Virt
-from vgpumgr.virt_holders import holder_check
+from vgpumgr.virt import domain
+from vgpumgr.virt import driver as virt
+from vgpumgr.virt import holders as virt_holders
+from vgpumgr.virt.domain import Hostdev, VmSpec
+from vgpumgr.virt.driver import Virt
+from vgpumgr.virt.holders import holder_check
 
 MDEV_A = "02cf755c-dcc5-5620-af1c-67549994f1ab"
 MDEV_B = "8f7c3c52-1d6e-4a3c-9f1e-2b0d7d5a9c10"
@@ -40,9 +42,9 @@ def vm_xml(name: str, hostdevs: list[Hostdev]) -> str:
 def in_other_process(uri: str, state: Path, code: str) -> None:
     """Run `code` with `v`, a Virt on the same saved test host, in a separate Python process."""
     prog = textwrap.dedent(f"""
-        from vgpumgr import domain
-        from vgpumgr.domain import Hostdev, VmSpec
-        from vgpumgr.virt import Virt
+        from vgpumgr.virt import domain
+        from vgpumgr.virt.domain import Hostdev, VmSpec
+        from vgpumgr.virt.driver import Virt
         with Virt({uri!r}, state_dir={str(state)!r}) as v:
         """) + textwrap.indent(textwrap.dedent(code), "    ")
     subprocess.run([sys.executable, "-c", prog], cwd=REPO, check=True, capture_output=True, text=True)

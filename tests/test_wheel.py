@@ -50,9 +50,9 @@ def _run(bin_dir: Path, tmp: Path, *argv: str, timeout: float = 60) -> str:
 
 
 def test_imports_come_from_the_wheel(installed: Path, tmp_path: Path) -> None:
-    code = ("import json, sys, vgpumgr, api, vgpumgr.domain, vgpumgr.db.session as s; "
+    code = ("import json, sys, vgpumgr, api, vgpumgr.virt.domain, vgpumgr.db.session as s; "
             "print(json.dumps({'path': sys.path, 'vgpumgr': list(vgpumgr.__path__), 'api': api.__file__, "
-            "'migrations': str(s.MIGRATIONS_DIR), 'templates': str(vgpumgr.domain.data_dir('xml_templates'))}))")
+            "'migrations': str(s.MIGRATIONS_DIR), 'templates': str(vgpumgr.virt.domain.data_dir('xml_templates'))}))")
     p = subprocess.run([str(installed / "python"), "-c", code], cwd=tmp_path, env=_env(tmp_path),
                        capture_output=True, text=True, timeout=60, check=True)
     found = json.loads(p.stdout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 
 class Config:

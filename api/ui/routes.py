@@ -26,9 +26,11 @@ from api.tokens import Token, lookup
 from api.ui import session as ui_session
 from api.ui import views
 from api.ui.session import COOKIE, LOGIN_COOKIE, LoginRequired, changer, form, reader
-from vgpumgr import audit, ids, licensing
+from vgpumgr import ids
+from vgpumgr.audit import chain as audit
 from vgpumgr.errors import InvalidInput, VgpuError
-from vgpumgr.placement import Policy
+from vgpumgr.licensing import seats as licensing
+from vgpumgr.placement.placer import Policy
 from vgpumgr.service import Service
 
 HERE = Path(__file__).parent
@@ -213,7 +215,7 @@ def licences_page(request: Request, svc: Service = Depends(service), _: Token = 
     with svc.sessions() as s:
         editions = licensing.usage(s)
     check = svc.licence_check(request.app.state.sampler.latest(), audit=False)  # a page only shows
-    from vgpumgr import licence_token
+    from vgpumgr.licensing import token as licence_token
     from vgpumgr.ops import licence_delivery
 
     return render(request, "licences.html", editions=editions, mode=svc.licence_mode, check=check,

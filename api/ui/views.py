@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpumgr import mig
+from vgpumgr.mig import plan as mig
 from vgpumgr.model import BACKEND_VF, Gpu, Inventory
-from vgpumgr.placement import Policy, mig_profile_for
+from vgpumgr.placement.placer import Policy, mig_profile_for
 from vgpumgr.service import Service
 
 MAX_BOXES = 48  # slot boxes drawn per type; more are summarised as a number

@@ -1,5 +1,5 @@
 """Vendor mode steps a reboot loses, recorded per GPU for `vgpumgr restore`: Ascend's vNPU VM mode, the VF count
-AMD's GIM was loaded with (checked, never written), Intel's per-VF memory quotas (vgpumgr/vendor_steps.py).
+AMD's GIM was loaded with (checked, never written), Intel's per-VF memory quotas (vgpumgr/vendors/steps.py).
 
 Revision ID: 0013_vendor_slices
 Revises: 0012_licence_delivery

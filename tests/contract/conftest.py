@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vgpumgr.discovery.mdev import discover_mdevs
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 TARGET = os.environ.get("VGPUMGR_CONTRACT_TARGET", "sim")
 

@@ -9,10 +9,10 @@ import pytest
 
 from vgpumgr.backends import mdev
 from vgpumgr.backends.common import write
+from vgpumgr.discovery.inventory import discover_types
 from vgpumgr.discovery.mdev import discover_mdevs
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity, NotFound
-from vgpumgr.host import Host
-from vgpumgr.inventory import discover_types
+from vgpumgr.hostfs.root import Host
 
 U1 = "c0ffee00-0000-4000-8000-000000000001"
 U2 = "c0ffee00-0000-4000-8000-000000000002"

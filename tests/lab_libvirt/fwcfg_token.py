@@ -15,8 +15,8 @@ import secrets
 import sys
 from pathlib import Path
 
-from vgpumgr import domain
 from vgpumgr.ops.licence_delivery import fwcfg_name
+from vgpumgr.virt import domain
 
 UUID = "6a1f7c2e-52d4-4f0e-9c51-0b6f3d2a9e11"
 

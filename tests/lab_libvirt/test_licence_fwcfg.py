@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from vgpumgr import domain, licence_token
 from vgpumgr.config import Config
+from vgpumgr.licensing import token as licence_token
 from vgpumgr.ops import licence_delivery
 from vgpumgr.resources import data_dir
 from vgpumgr.service import Service
+from vgpumgr.virt import domain
 
 pytestmark = pytest.mark.lab
 LIBVIRT_URI = "qemu:///system"

@@ -21,7 +21,7 @@ from lxml import etree
 from vgpumgr.backends import mdev
 from vgpumgr.config import Config
 from vgpumgr.errors import Busy, InvalidInput
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.service import Service
 
 LIBVIRT_URI = "qemu:///system"

@@ -15,7 +15,7 @@ import pytest
 from vgpumgr.backends import common, sriov
 from vgpumgr.discovery.pci import read_function
 from vgpumgr.errors import Busy, InvalidInput, NotFound, VgpuError
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.model import Sriov
 
 WANTED_VFS = int(os.environ.get("MDEVLAB_SRIOV_VFS") or 0)

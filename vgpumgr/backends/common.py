@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vgpumgr.discovery.fs import link_name, read
 from vgpumgr.errors import Timeout, VgpuError, from_oserror
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 
 def write(host: Host, path: Path, data: str, action: str, hint: str | None = None,

@@ -6,7 +6,7 @@ from vgpumgr import ids
 from vgpumgr.backends.common import HolderCheck, ensure_free, vfio_holders, wait_for, write
 from vgpumgr.discovery.fs import read
 from vgpumgr.errors import Busy, Conflict, NoCapacity, NotFound, Timeout
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.model import Mdev
 
 

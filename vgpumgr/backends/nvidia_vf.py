@@ -10,7 +10,7 @@ from vgpumgr.backends.common import device_holders as holders
 from vgpumgr.discovery.fs import read, read_int
 from vgpumgr.discovery.nvidia_vf import parse_creatable
 from vgpumgr.errors import Busy, Conflict, InvalidInput, NoCapacity, NotFound, PermissionDenied
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 
 def _vf_dir(host: Host, vf: str) -> str:

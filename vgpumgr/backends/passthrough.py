@@ -10,7 +10,7 @@ from vgpumgr import ids
 from vgpumgr.backends.common import HolderCheck, ensure_free, vfio_holders, wait_for, write
 from vgpumgr.discovery.fs import link_name
 from vgpumgr.errors import Busy, InvalidInput, NotFound, VgpuError
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 VFIO = "vfio-pci"
 

@@ -16,7 +16,7 @@ from vgpumgr.backends.common import write
 from vgpumgr.discovery.fs import read
 from vgpumgr.discovery.placement_id import placement_id as read_placement
 from vgpumgr.errors import InvalidInput
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 PARAM = "vgpu-placement-id"
 

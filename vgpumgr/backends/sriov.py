@@ -6,7 +6,7 @@ from vgpumgr import ids
 from vgpumgr.backends.common import vfio_holders, wait_for, write
 from vgpumgr.discovery.fs import link_name, read, read_int, virtfns
 from vgpumgr.errors import Busy, InvalidInput, NotFound
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 
 def vfs(host: Host, pf: str) -> list[str]:

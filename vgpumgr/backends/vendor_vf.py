@@ -6,7 +6,7 @@ from __future__ import annotations
 from vgpumgr import ids
 from vgpumgr.backends.common import HolderCheck, device_holders, ensure_free
 from vgpumgr.errors import Busy, NotFound
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 
 def claim(host: Host, vf: str) -> None:

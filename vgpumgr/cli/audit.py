@@ -47,7 +47,7 @@ def _time(text: str | None) -> datetime | None:
 
 
 def audit_list(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import audit
+    from vgpumgr.audit import chain as audit
 
     if args.action_ in ("verify", "checkpoint", "export"):
         return _audit_checkpoints(args, out)

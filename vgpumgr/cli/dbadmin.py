@@ -118,7 +118,7 @@ def db_backup(args: argparse.Namespace, out: TextIO) -> int:
 
 def db_restore(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.db import admin
-    from vgpumgr.locking import host_lock
+    from vgpumgr.hostfs.locking import host_lock
 
     cfg = _cfg(args)
     with host_lock(cfg.state_dir / "vgpumgr.lock", timeout=30):

@@ -34,7 +34,7 @@ def gpus(args: argparse.Namespace, out: TextIO) -> int:
     found = discover_gpus(cfg.host)
     if not args.no_nvml:
         try:
-            from vgpumgr.nvml_facts import merge_nvml
+            from vgpumgr.nvidia.facts import merge_nvml
         except ImportError:
             pass
         else:
@@ -70,7 +70,7 @@ def resolve_type(types: list[VgpuType], wanted: str, parent: str | None = None) 
 
 
 def types(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.inventory import discover_types, types_json
+    from vgpumgr.discovery.inventory import discover_types, types_json
 
     cfg = config(args)
     parent = ids.parent_name(args.parent) if args.parent else None
@@ -116,7 +116,7 @@ def mdev_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def mdev_create(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.inventory import discover_types
+    from vgpumgr.discovery.inventory import discover_types
     from vgpumgr.ops import manual
 
     cfg = config(args)

@@ -1,5 +1,5 @@
 """`vgpumgr license token|delivery|deliver|guest-helper`: NVIDIA's client configuration token and how each VM
-gets it (vgpumgr.licence_token, vgpumgr.ops.licence_delivery). The token's bytes are never printed."""
+gets it (vgpumgr.licensing.token, vgpumgr.ops.licence_delivery). The token's bytes are never printed."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _service(args: argparse.Namespace):  # noqa: ANN202
 
 
 def _read_token_file(name: str) -> bytes:
-    from vgpumgr import licence_token
+    from vgpumgr.licensing import token as licence_token
 
     path = Path(name)
     limit = licence_token.MAX_TOKEN_BYTES
@@ -150,7 +150,7 @@ def deliver(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def guest_helper(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import guest_helper as helper
+    from vgpumgr.guest import helper
 
     out.write(helper.part(args.part))
     return 0

@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any, TextIO
 
-from vgpumgr import mdevctl
 from vgpumgr.cli.output import dump_json
 from vgpumgr.cli.vm import service
 from vgpumgr.model import BACKEND_MDEV
+from vgpumgr.platforms import mdevctl
 
 
 def _directory(args: argparse.Namespace, svc: Any) -> Path:

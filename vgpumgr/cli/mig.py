@@ -54,7 +54,8 @@ def mig_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def mig_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import ids, mig
+    from vgpumgr import ids
+    from vgpumgr.mig import plan as mig
 
     layer = _layer(args)
     gpu = ids.pci_address(args.gpu)

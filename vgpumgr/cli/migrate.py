@@ -12,7 +12,7 @@ from vgpumgr.errors import InvalidInput
 
 
 def _remote(args: argparse.Namespace, url: str | None = None, token_file: str | None = None) -> Any:
-    from vgpumgr.remote import Remote
+    from vgpumgr.fleet.remote import Remote
 
     url = url or (args.to_api if isinstance(args.to_api, str) else None) or os.environ.get("VGPUMGR_TO_API")
     if not url:

@@ -72,7 +72,7 @@ def _ref(a: dict[str, Any]) -> str:
 
 def place(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.errors import NoCapacity
-    from vgpumgr.placement import explain_text
+    from vgpumgr.placement.placer import explain_text
 
     d = service(args).place(args.type, args.vm, policy_from(args))
     if args.json:
@@ -134,7 +134,8 @@ def placements(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def licence_add(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import audit, licensing
+    from vgpumgr.audit import chain as audit
+    from vgpumgr.licensing import seats as licensing
 
     expires = parse_date(args.expires) if args.expires else None
     svc = service(args)
@@ -149,7 +150,7 @@ def licence_add(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def licence_list(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import licensing
+    from vgpumgr.licensing import seats as licensing
 
     svc = service(args)
     with svc.sessions() as s:
@@ -165,7 +166,7 @@ def licence_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def licence_usage(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import licensing
+    from vgpumgr.licensing import seats as licensing
 
     svc = service(args)
     with svc.sessions() as s:
@@ -185,7 +186,8 @@ def licence_usage(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def licence_remove(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import audit, licensing
+    from vgpumgr.audit import chain as audit
+    from vgpumgr.licensing import seats as licensing
 
     svc = service(args)
     with svc.tx() as s:

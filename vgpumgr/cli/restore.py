@@ -43,7 +43,7 @@ def _restore_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(path: str) -> Any:
-    from vgpumgr.boot_profile import load
+    from vgpumgr.platforms.boot_profile import load
 
     return load(path)
 
@@ -120,9 +120,9 @@ def profile_check(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def profile_nova(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.boot_profile import nova_lines
     from vgpumgr.cli.devices import config
     from vgpumgr.ops.restore import vf_pci_ids
+    from vgpumgr.platforms.boot_profile import nova_lines
 
     p = _load(args.file)
     out.write(nova_lines(p, vf_pci_ids(config(args).host, p)))

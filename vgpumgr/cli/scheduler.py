@@ -111,7 +111,8 @@ def set_(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def log_(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import nvml_gi_scheduler, nvml_scheduler
+    from vgpumgr.nvidia import gi_scheduler as nvml_gi_scheduler
+    from vgpumgr.nvidia import scheduler as nvml_scheduler
     from vgpumgr.ops.manual import nvml
 
     engine = {"graphics": 1, "nvenc1": 2, "nvenc0": 3}[args.engine]

@@ -75,7 +75,7 @@ def token_revoke(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def install_units(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr import systemd_units
+    from vgpumgr.platforms import systemd_units
 
     exe = systemd_units.check_executable(args.bin or systemd_units.default_executable())
     written = systemd_units.install(args.dest, exe)

@@ -1,4 +1,4 @@
-"""`vgpumgr vendor list|prepare`: the accelerators besides NVIDIA (vgpumgr/vendors.py) and their mode steps."""
+"""`vgpumgr vendor list|prepare`: the accelerators besides NVIDIA (vgpumgr/vendors/profiles.py) and their mode steps."""
 
 from __future__ import annotations
 

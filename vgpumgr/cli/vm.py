@@ -73,7 +73,7 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
 
 
 def policy_from(args: argparse.Namespace):  # noqa: ANN201
-    from vgpumgr.placement import Policy
+    from vgpumgr.placement.placer import Policy
 
     return Policy(strategy=args.policy, numa=args.numa, pin_gpu=args.pin_gpu, pin_parent=args.pin_parent,
                   allow_models=tuple(args.allow_model), deny_models=tuple(args.deny_model),
@@ -115,11 +115,11 @@ def create(args: argparse.Namespace, out: TextIO) -> int:
 def dry_run(args: argparse.Namespace) -> str:
     from vgpumgr import ids
     from vgpumgr.cli.devices import config
-    from vgpumgr.domain import VmSpec, render
-    from vgpumgr.dryrun import plan_hostdevs
-    from vgpumgr.inventory import scan
-    from vgpumgr.nvml_facts import merge_nvml
-    from vgpumgr.placement import Placer
+    from vgpumgr.discovery.inventory import scan
+    from vgpumgr.nvidia.facts import merge_nvml
+    from vgpumgr.placement.placer import Placer
+    from vgpumgr.virt.domain import VmSpec, render
+    from vgpumgr.virt.dryrun import plan_hostdevs
 
     cfg = config(args)
     name = ids.vm_name(args.name)

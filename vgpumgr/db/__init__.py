@@ -1,4 +1,6 @@
-"""Persistence: models, engine/session setup and migrations, and the small store API the service uses."""
+"""Persistence: models, engine/session setup and migrations, and the small store API the service uses.
+Layer 5 (records): may import the base modules, hostfs, config, audit and licensing.
+"""
 
 from vgpumgr.db.session import (
     current_revision,

@@ -108,7 +108,7 @@ def _sqlite_path(url: str, verb: str) -> Path:
 
 def verified(path: Path) -> Copy:
     """Open an SQLite copy read-only, check that it is a vgpumgr database, and walk its audit chain."""
-    from vgpumgr import audit
+    from vgpumgr.audit import chain as audit
     from vgpumgr.db.session import dispose_engine
 
     if not path.is_file():

@@ -210,7 +210,7 @@ class LicenceLease(Base):
 
 class LicenceDelivery(Base):
     """How a VM gets NVIDIA's client configuration token and when it last got it: the token's fingerprint and
-    server only, never the token (vgpumgr.licence_token)."""
+    server only, never the token (vgpumgr.licensing.token)."""
 
     __tablename__ = "licence_deliveries"
     __table_args__ = (UniqueConstraint("host_id", "vm", name="uq_licence_deliveries_host_vm"),)
@@ -307,7 +307,7 @@ class IdempotencyKey(Base):
 
 
 class AuditEvent(Base):
-    """Append-only. `hash` = sha256(prev_hash + canonical JSON of the other fields); see vgpumgr.audit."""
+    """Append-only. `hash` = sha256(prev_hash + canonical JSON of the other fields); see vgpumgr.audit.chain."""
 
     __tablename__ = "audit_events"
     __table_args__ = (
@@ -362,7 +362,7 @@ class GpuBootState(Base):
     mig_enabled: Mapped[bool | None] = mapped_column(Boolean)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     vgpu_mode: Mapped[str | None] = mapped_column(String(16))  # "mixed" / "equal" (NVIDIA vGPU mode); None: untouched
-    # vendor mode steps to bring back (vgpumgr/vendor_steps.py): {"step": {...}} per step, None: nothing recorded
+    # vendor mode steps to bring back (vgpumgr/vendors/steps.py): {"step": {...}} per step, None: nothing recorded
     vendor_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 

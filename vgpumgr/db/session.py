@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from vgpumgr.db import schema
 from vgpumgr.errors import InvalidInput, Unavailable
-from vgpumgr.locking import state_dir
+from vgpumgr.hostfs.locking import state_dir
 
 DB_FILE = "vgpumgr.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
-from vgpumgr import ids, licensing
+from vgpumgr import ids
 from vgpumgr.db.models import (
     ALLOC_ACTIVE,
     ALLOC_RELEASED,
@@ -36,6 +36,7 @@ from vgpumgr.db.models import (
 )
 from vgpumgr.db.prepared import Prepared
 from vgpumgr.errors import Conflict, InvalidInput
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.model import BACKEND_MDEV, BACKEND_MIG, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
 
 BACKENDS = (BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_MIG, BACKEND_VF)

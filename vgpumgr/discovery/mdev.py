@@ -9,7 +9,7 @@ import re
 from vgpumgr import ids
 from vgpumgr.discovery.fs import link_name, listdir, read
 from vgpumgr.discovery.placement_id import placement_id as read_placement_id
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.kinds import BACKEND_MDEV
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
@@ -51,9 +51,9 @@ def enrich(t: VgpuType) -> VgpuType:
 
 
 def _vendor_sizes(t: VgpuType) -> None:
-    """Sizes of vendor mdev types (Ascend vNPU, Moore Threads; vgpumgr/vendors.py), into framebuffer_mb and
+    """Sizes of vendor mdev types (Ascend vNPU, Moore Threads; vgpumgr/vendors/profiles.py), into framebuffer_mb and
     params; the name, where the driver gives none, from the card's profile."""
-    from vgpumgr import vendors
+    from vgpumgr.vendors import profiles as vendors
 
     facts = vendors.mdev_type_facts(t.type, t.description.replace(", ", "\n"))
     if facts is None:

@@ -8,7 +8,7 @@ from vgpumgr import ids
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
 from vgpumgr.discovery.mdev import enrich
 from vgpumgr.discovery.placement_id import placement_id as read_placement_id
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.kinds import BACKEND_NVIDIA_VF
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from vgpumgr import vendors
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF, Gpu, Sriov, unnamed
+from vgpumgr.vendors import profiles as vendors
 
 DISPLAY_CLASS = 0x03
 
@@ -57,7 +57,7 @@ def read_function(host: Host, address: str, names: PciNames | None = None) -> Gp
 
 
 def is_display(host: Host, address: str) -> bool:
-    """A display-class function, or a processing accelerator of a vendor in vgpumgr/vendors.py."""
+    """A display-class function, or a processing accelerator of a vendor in vgpumgr/vendors/profiles.py."""
     cls = read_int(f"{host.pci_devices}/{address}/class")
     if cls is None:
         return False

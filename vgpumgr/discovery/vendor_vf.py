@@ -4,10 +4,10 @@ AMD's partition mode and VF count, else an equal share of the card)."""
 
 from __future__ import annotations
 
-from vgpumgr import vendors
 from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 from vgpumgr.kinds import BACKEND_VF
+from vgpumgr.vendors import profiles as vendors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """What a host publishes about each physical GPU: its facts, and how many more vGPUs of each type it could
-take now, counted by the rules the host's own placement applies (vgpumgr.placement).
+take now, counted by the rules the host's own placement applies (vgpumgr.placement.placer).
 
 Pure: a function of the placer's index of one host snapshot and the host's live records. The counts are the
 answer placement would give if asked again and again for that type on that GPU alone: NVIDIA's equal-size
@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpumgr import placement_mixed
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF, Gpu
-from vgpumgr.placement import Allocation, Placer, _info_from_allocation
+from vgpumgr.placement import mixed as placement_mixed
+from vgpumgr.placement.placer import Allocation, Placer, _info_from_allocation
 
 MODE_MIG = "mig"
 MODE_VENDOR_VF = "nvidia-vf"

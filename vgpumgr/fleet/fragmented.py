@@ -17,9 +17,9 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
 from vgpumgr import ids
-from vgpumgr import placement_ids as pid
 from vgpumgr.db.models import LIVE_STATES, Allocation, Vm
 from vgpumgr.fleet.store import type_match
+from vgpumgr.placement import ids as pid
 
 
 class GpuLoad(NamedTuple):
@@ -87,7 +87,7 @@ def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, st
             host_names: Mapping[int, str]) -> dict[str, Any] | None:
     """Pure: the GPU with room in GB for `type_name` but no free start whose `gpu compact` needs the fewest moves
     (then the fewest GB moved, then host and GPU by name); None when no GPU is only fragmented."""
-    from vgpumgr.placement_mixed import _arch
+    from vgpumgr.placement.mixed import _arch
 
     best: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     for g in gpus:

@@ -1,9 +1,9 @@
-"""Choosing a host for a vGPU from what the hosts published: a pure function, like vgpumgr.placement.place.
+"""Choosing a host for a vGPU from what the hosts published: a pure function, like vgpumgr.placement.placer.place.
 
 `place(hosts, offers, request, migrating)` ranks the hosts that can take `request.count` vGPUs of the type now and
 says for every other host why not: stale (its heartbeat is older than its own window), cordoned, the migrating
 VM's own host, offers no such type, model denied by the policy, incompatible with the migrating VM (another
-board or another vGPU manager version: NVIDIA's rules in vgpumgr.compat), or no capacity. It decides only: the
+board or another vGPU manager version: NVIDIA's rules in vgpumgr.nvidia.compat), or no capacity. It decides only: the
 chosen host's own service allocates, and its placement is the final word (two placers that chose the same last
 slot are told apart there, not here).
 
@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
-from vgpumgr import compat
 from vgpumgr.errors import InvalidInput
 from vgpumgr.fleet.store import GpuOffer, HostRow, OfferGroup
 from vgpumgr.ids import parse_type_name, vm_name
-from vgpumgr.placement import STRATEGIES
+from vgpumgr.nvidia import compat
+from vgpumgr.placement.placer import STRATEGIES
 
 STALE, CORDONED, SOURCE, NOT_OFFERED, MODEL_DENIED, INCOMPATIBLE, NO_CAPACITY = (
     "stale", "cordoned", "source", "not-offered", "model-denied", "incompatible", "no-capacity")

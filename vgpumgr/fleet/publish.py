@@ -178,7 +178,7 @@ def _driver_version(cfg: Any) -> str | None:
     except OSError:
         pass
     try:
-        from vgpumgr.nvml_facts import nvml_layer
+        from vgpumgr.nvidia.facts import nvml_layer
 
         layer = nvml_layer(cfg)
         if layer is None or not layer.open():

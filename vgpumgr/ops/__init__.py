@@ -5,4 +5,5 @@ vms.py       VM create/delete/start/stop/attach/detach around those allocations
 mig.py       MIG-backed vGPUs: find or make a GPU instance, then allocate on it
 reconcile.py records against sysfs
 The CLI, the REST routes and the hooks call these through `vgpumgr.service.Service`.
+Layer 6 (use cases): may import every layer below, and fleet and telemetry beside it.
 """

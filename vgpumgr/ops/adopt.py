@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr import audit, ids, licensing
+from vgpumgr import ids
+from vgpumgr.audit import chain as audit
 from vgpumgr.db import store
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops.allocate import _live_row
 from vgpumgr.ops.context import Context
 from vgpumgr.ops.records import allocation_dict
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
 
 
 def _type_facts(svc: Context, backend: str, device: str, parent: str, type_id: str

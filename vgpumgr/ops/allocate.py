@@ -12,18 +12,20 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from vgpumgr import audit, ids, licensing
+from vgpumgr import ids
+from vgpumgr.audit import chain as audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf, vendor_vf
 from vgpumgr.db import store
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
 from vgpumgr.ops import boot_records, leases, placement_apply
 from vgpumgr.ops.context import FAILED, Context, suppress
 from vgpumgr.ops.records import allocation_dict, placed
-from vgpumgr.placement import Allocation as PlacedAlloc
-from vgpumgr.placement import Decision, Policy, Request
+from vgpumgr.placement.placer import Allocation as PlacedAlloc
+from vgpumgr.placement.placer import Decision, Policy, Request
 
 
 def live_records(svc: Context, s: Session, rows: list[Any] | None = None) -> list[PlacedAlloc]:
@@ -72,7 +74,7 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
         if c.gpu and c.parent != c.gpu and ids.is_pci_address(c.parent):  # on a VF: remember its PF's VFs
             boot_records.remember_vfs_of(s, svc.host_id(s), svc.host, c.gpu)
         if c.gpu and (c.backend == BACKEND_VF or c.type.startswith("vnpu-")):  # a vendor card's mode steps
-            from vgpumgr.vendor_steps import observed
+            from vgpumgr.vendors.steps import observed
 
             boot_records.remember_vendor(s, svc.host_id(s), c.gpu, observed(svc.host, c.gpu))
         svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,

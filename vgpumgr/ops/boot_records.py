@@ -17,7 +17,7 @@ from vgpumgr import ids
 from vgpumgr.db import store
 from vgpumgr.db.models import GpuBootState, MigGpuInstance
 from vgpumgr.discovery.fs import read_int
-from vgpumgr.host import Host
+from vgpumgr.hostfs.root import Host
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def remember_vfs_of(s: Session, host_id: int, host: Host, pf: str) -> None:
 
 
 def remember_vendor(s: Session, host_id: int, pf: str, state: dict[str, Any]) -> None:
-    """Vendor mode steps to bring back after a reboot (vgpumgr/vendor_steps.py), merged step by step."""
+    """Vendor mode steps to bring back after a reboot (vgpumgr/vendors/steps.py), merged step by step."""
     if not state:
         return
     row = _state_row(s, host_id, ids.pci_address(pf))

@@ -18,7 +18,7 @@ from typing import Any
 from vgpumgr.errors import Conflict, NotFound, VgpuError
 from vgpumgr.ops.context import Context
 from vgpumgr.ops.slot_map import slot_map
-from vgpumgr.placement_ids import fewest_moves
+from vgpumgr.placement.ids import fewest_moves
 
 COMPACT = "gpu.compact"
 

@@ -18,15 +18,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from vgpumgr import audit, checkpoints, licensing
+from vgpumgr.audit import chain as audit
+from vgpumgr.audit import checkpoints
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.session import ensure_schema, read_sessions, session_factory
+from vgpumgr.discovery.inventory import scan
 from vgpumgr.errors import Busy, SchemaMismatch, VgpuError
-from vgpumgr.inventory import scan
-from vgpumgr.locking import host_lock
+from vgpumgr.hostfs.locking import host_lock
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.model import Inventory
-from vgpumgr.placement import Placer
+from vgpumgr.placement.placer import Placer
 
 OK, FAILED, WARNING = "ok", "failed", "warning"
 NVIDIA_TEARDOWN_GRACE = 10.0  # seconds NVIDIA's driver may take to remove an mdev itself after QEMU exits
@@ -180,7 +182,7 @@ class Context:
     def _rescan_gpus(self, inv: Inventory, gpus: set[str | None]) -> Inventory:
         from vgpumgr.discovery import mdev as mdev_disc
         from vgpumgr.discovery import nvidia_vf as vf_disc
-        from vgpumgr.inventory import discover_types
+        from vgpumgr.discovery.inventory import discover_types
 
         touched = {g for g in gpus if g}
         # The touched GPUs' vendor VFs are parents too, whether or not they listed types: one with a vGPU set
@@ -218,24 +220,24 @@ class Context:
 
     def _merge_nvml(self, inv: Inventory) -> None:
         try:
-            from vgpumgr.nvml_facts import merge_nvml
+            from vgpumgr.nvidia.facts import merge_nvml
         except ImportError:
             return
         merge_nvml(self.cfg, inv.gpus, quiet=True)
 
     # -- the outside systems --------------------------------------------------------------------
     def virt(self):  # noqa: ANN201
-        from vgpumgr.virt import Virt
+        from vgpumgr.virt.driver import Virt
 
         return Virt(self.cfg.libvirt_uri, state_dir=self.cfg.state_dir)
 
     def libvirt_holders(self, kind: str):  # noqa: ANN201
-        from vgpumgr.virt_holders import holder_check
+        from vgpumgr.virt.holders import holder_check
 
         return holder_check(self.cfg.libvirt_uri, self.cfg.state_dir, kind)
 
     def nvml(self):  # noqa: ANN201
-        from vgpumgr.nvml_facts import nvml_layer
+        from vgpumgr.nvidia.facts import nvml_layer
 
         layer = nvml_layer(self.cfg)
         if layer is None or not layer.open():

@@ -19,12 +19,12 @@ from typing import Any
 
 from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.fleet.place import FleetRequest
+from vgpumgr.fleet.remote import Remote
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import fleet as fleet_ops
 from vgpumgr.ops.context import Context
 from vgpumgr.ops.cordon import cordon_host
 from vgpumgr.ops.migrate import RUNNING, migrate_vm
-from vgpumgr.remote import Remote
 
 DRAIN = "host.drain"
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vgpumgr import compat, ids
+from vgpumgr import ids
 from vgpumgr.db.models import FleetGpu
 from vgpumgr.errors import Busy, InvalidInput, NotFound
 from vgpumgr.fleet import place as fleet_place
 from vgpumgr.fleet import store, writes
+from vgpumgr.nvidia import compat
 from vgpumgr.ops.context import Context
 
 HEARTBEAT_LOCK_WAIT_S = 5.0

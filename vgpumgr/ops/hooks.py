@@ -21,7 +21,7 @@ from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops import stale as stale_ops
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX, Owner
 from vgpumgr.ops.context import Context
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
 
 
 def _live(svc: Context, uuid: str) -> dict[str, Any] | None:
@@ -110,7 +110,7 @@ def release_vm(svc: Context, vm: str, refs: list[str] | None = None, *, grace: f
 
 def _domain_devices(xml: str) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
     """(mdev UUIDs, unmanaged PCI hostdev addresses, vgpumgr metadata by UUID or address) of a domain."""
-    from vgpumgr.domain import _pci_from_attrs, parse_xml, read_allocations, referenced_devices
+    from vgpumgr.virt.domain import _pci_from_attrs, parse_xml, read_allocations, referenced_devices
 
     try:
         uuids = referenced_devices(xml)["mdev"]

@@ -26,8 +26,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from vgpumgr import ids, licensing, migration
-from vgpumgr import nvml_migration as nvmig
+from vgpumgr import ids
 from vgpumgr.backends import nvidia_vf
 from vgpumgr.config import env_seconds
 from vgpumgr.db import store
@@ -35,14 +34,17 @@ from vgpumgr.db.models import ALLOC_RESERVED, LIVE_STATES, utcnow
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.db.models import Host as HostRow
 from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, NotFound, VgpuError
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.model import BACKEND_MDEV, BACKEND_PASSTHROUGH
+from vgpumgr.nvidia import migration as nvmig
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import leases
 from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops.allocate import Owner
 from vgpumgr.ops.context import FAILED, Context
 from vgpumgr.ops.records import metadata_for
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
+from vgpumgr.virt import migration_xml as migration
 
 INCOMING = "vgpu.incoming"
 ARRIVED = "vm.migrated-in"
@@ -351,6 +353,6 @@ def settle(svc: Context, domain: str, *, actor: str | None = None) -> list[int]:
 
 
 def _layer(svc: Context) -> Any:
-    from vgpumgr.nvml_facts import nvml_layer
+    from vgpumgr.nvidia.facts import nvml_layer
 
     return nvml_layer(svc.cfg)

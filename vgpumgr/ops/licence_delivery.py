@@ -25,9 +25,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from vgpumgr import ids, licence_token, licensing
+from vgpumgr import ids
 from vgpumgr.db.models import LicenceDelivery, LicenceLease, LicencePool, Vm
 from vgpumgr.errors import InvalidInput, NotFound, VgpuError
+from vgpumgr.licensing import seats as licensing
+from vgpumgr.licensing import token as licence_token
 from vgpumgr.ops.context import FAILED, Context
 
 MODES = ("fwcfg", "agent", "none")
@@ -174,7 +176,7 @@ def _delivered(row: LicenceDelivery, method: str, tok: licence_token.TokenInfo |
 
 
 def ours(xml: str) -> list[tuple[str, str | None]]:
-    from vgpumgr.domain import fwcfg_entries
+    from vgpumgr.virt.domain import fwcfg_entries
 
     return [(n, f) for n, f in fwcfg_entries(xml) if n.startswith(FWCFG_PREFIX)]
 
@@ -182,8 +184,8 @@ def ours(xml: str) -> list[tuple[str, str | None]]:
 def refresh_domain(svc: Context, vm: str, *, virt: Any = None) -> bool:
     """Give a defined VM's persistent XML the fw_cfg item its mode asks for (or take it away); True when the
     XML changed. Takes effect at the VM's next start."""
-    from vgpumgr import domain as domxml
     from vgpumgr.ops import allocate as alloc
+    from vgpumgr.virt import domain as domxml
 
     virt = virt or svc.virt()
     xml = virt.xml(vm, inactive=True)
@@ -200,7 +202,7 @@ def prepare_start(svc: Context, vm: str, xml: str) -> dict[str, Any] | None:
     """The libvirt `prepare` hook (and a start by vgpumgr): the file the domain's fw_cfg item names gets the
     current token (QEMU fails to start on a missing file, so without a token it gets an empty one, which the
     guest helper ignores). None when the domain carries no item of ours."""
-    from vgpumgr import domain as domxml
+    from vgpumgr.virt import domain as domxml
 
     items = ours(xml)
     if not items:
@@ -309,7 +311,7 @@ def tokens(svc: Context) -> list[dict[str, Any]]:
 # -- the guest agent -----------------------------------------------------------------------------------
 def deliver(svc: Context, vm: str, *, actor: str | None = None) -> dict[str, Any]:
     """Write the VM's token into its guest through the QEMU guest agent and restart the licensing service."""
-    from vgpumgr import guest_agent
+    from vgpumgr.guest import agent as guest_agent
 
     vm = ids.vm_name(vm)
     virt = svc.virt()

@@ -38,7 +38,7 @@ def _boot_record(cfg: Config, what: str, *args: Any) -> None:
 
 
 def _libvirt_holders(cfg: Config, kind: str):  # noqa: ANN202
-    from vgpumgr.virt_holders import holder_check
+    from vgpumgr.virt.holders import holder_check
 
     return holder_check(cfg.libvirt_uri, cfg.state_dir, kind)
 
@@ -126,7 +126,7 @@ def vfio_unbind(cfg: Config, address: str) -> str | None:
 
 # -- MIG and the vGPU scheduler, through NVML ---------------------------------------------------------
 def nvml(cfg: Config) -> Any:
-    from vgpumgr.nvml_facts import nvml_layer
+    from vgpumgr.nvidia.facts import nvml_layer
 
     layer = nvml_layer(cfg)
     if layer is None or not layer.open():

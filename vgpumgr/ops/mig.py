@@ -11,11 +11,11 @@ from vgpumgr.errors import NoCapacity
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops import boot_records
 from vgpumgr.ops.context import Context, suppress
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
 
 
 def _mig_type_name(svc: Context, profile: str, gpu: str | None, series: str | None = None) -> str:
-    from vgpumgr.dryrun import mig_type_name
+    from vgpumgr.virt.dryrun import mig_type_name
 
     return mig_type_name(svc.snapshot().inventory, profile, gpu, series)[0]
 
@@ -27,7 +27,7 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
 
     Only a GPU where the VM has no vGPU yet (NVIDIA: one vGPU of a physical GPU per VM); a free instance
     before a new one. `series`: the type's series where the profile has types of several (C, Q)."""
-    from vgpumgr import mig as mig_plan
+    from vgpumgr.mig import plan as mig_plan
 
     profile = mig_plan.normalise_profile_name(profile)
     layer = svc.nvml()
@@ -66,7 +66,7 @@ def choose_gpu(svc: Context, layer, profile: str, policy: Policy | None, vm: str
                ) -> tuple[str, bool]:
     """(GPU, whether its GPU instance must be made) for a vGPU needing `profile`; NoCapacity naming each GPU's
     true reason otherwise (MIG off, no room for the profile and what holds its slices, the policy)."""
-    from vgpumgr.mig_facts import MigFacts, users_text
+    from vgpumgr.mig.facts import MigFacts, users_text
 
     free = free_gpu_instances(svc, layer)
     users = _mig_users(svc)

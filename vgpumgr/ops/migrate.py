@@ -23,16 +23,17 @@ import uuid as uuidlib
 from collections.abc import Callable
 from typing import Any
 
-from vgpumgr import ids, migration
-from vgpumgr import nvml_migration as nvmig
-from vgpumgr.domain import NS, read_allocations
+from vgpumgr import ids
 from vgpumgr.errors import Conflict, InvalidInput, NotFound, VgpuError
+from vgpumgr.fleet.remote import Remote
 from vgpumgr.model import BACKEND_PASSTHROUGH
+from vgpumgr.nvidia import migration as nvmig
 from vgpumgr.ops import allocate as alloc
 from vgpumgr.ops.allocate import Owner
 from vgpumgr.ops.context import Context
 from vgpumgr.ops.records import metadata_for
-from vgpumgr.remote import Remote
+from vgpumgr.virt import migration_xml as migration
+from vgpumgr.virt.domain import NS, read_allocations
 
 MIGRATE = "vm.migrate"
 RUNNING = ("running", "paused", "blocked")
@@ -67,7 +68,7 @@ def _records_with_facts(xml: str, records: list[dict[str, Any]], facts: dict[str
 def _with_metadata(xml: str, records: list[dict[str, Any]]) -> str:
     from lxml import etree
 
-    from vgpumgr.domain import parse_xml
+    from vgpumgr.virt.domain import parse_xml
 
     root = parse_xml(xml)
     meta = root.find("metadata")
@@ -168,7 +169,7 @@ def migrate_vm(svc: Context, name: str, to: str, *, offline: bool = False, dry_r
 def _fix_persistent_definition(to: str, name: str) -> list[dict[str, Any]]:
     """Point the destination's persistent definition at the vGPUs the domain got there (see
     migration.persistent_fix); a failure is reported, the VM runs on regardless."""
-    from vgpumgr.virt import Virt
+    from vgpumgr.virt.driver import Virt
 
     try:
         with Virt(to) as v:
@@ -189,7 +190,7 @@ def _brief(a: dict[str, Any], facts: dict[str, dict[str, Any]]) -> dict[str, Any
 
 
 def _nvml(svc: Context) -> Any:
-    from vgpumgr.nvml_facts import nvml_layer
+    from vgpumgr.nvidia.facts import nvml_layer
 
     return nvml_layer(svc.cfg)
 

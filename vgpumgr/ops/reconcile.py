@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr import audit
+from vgpumgr.audit import chain as audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
 from vgpumgr.errors import Conflict, VgpuError

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, object_session
 from vgpumgr.db.models import Allocation as AllocRow
 from vgpumgr.db.models import LicenceLease, Vm
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF
-from vgpumgr.placement import Allocation as PlacedAlloc
+from vgpumgr.placement.placer import Allocation as PlacedAlloc
 
 _LOOK_UP = object()
 
@@ -56,7 +56,7 @@ def allocation_dict(a: AllocRow, s: Session | None = None, vm_name: str | None |
 
 
 def hostdev_for(a: dict[str, Any], display: bool):  # noqa: ANN201
-    from vgpumgr.domain import Hostdev
+    from vgpumgr.virt.domain import Hostdev
 
     if a["backend"] == BACKEND_MDEV:
         return Hostdev("mdev", uuid=a["uuid"], display=display)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from vgpumgr import ids
-from vgpumgr.boot_profile import BootProfile
 from vgpumgr.discovery.fs import read, read_int
 from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
@@ -22,6 +21,7 @@ from vgpumgr.ops import boot_records
 from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 from vgpumgr.ops.restore_steps import BLOCKED, FAILED_, PENDING, GpuRun, Want
+from vgpumgr.platforms.boot_profile import BootProfile
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -209,7 +209,7 @@ def check_profile(svc: Context, profile: BootProfile) -> list[str]:
 
 
 def _check_mig(layer: Any | None, g: Any) -> list[str]:
-    from vgpumgr import mig
+    from vgpumgr.mig import plan as mig
 
     if layer is None:
         return [f"{g.address}: MIG is asked for, but NVML is not available"]

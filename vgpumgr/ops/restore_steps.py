@@ -44,13 +44,13 @@ class Want:
     vgpu_mode: str | None = None  # NVIDIA mixed/equal-size mode as `vgpumgr gpu mode` recorded it
     placements: dict[str, int] = field(default_factory=dict)  # VF or mdev UUID -> recorded placement ID
     observed: dict[str, int] = field(default_factory=dict)  # VF or mdev UUID -> allocation id: driver-given ID
-    vendor: dict[str, Any] = field(default_factory=dict)  # vendor mode steps (vendor_steps.py), by step
+    vendor: dict[str, Any] = field(default_factory=dict)  # vendor mode steps (vendors/steps.py), by step
     scheduler: dict[str, Any] | None = None  # the recorded vGPU scheduler (vgpumgr.ops.scheduler.intents)
 
 
 
 def _fixed_vf_count(host: Any, pf: str) -> bool:
-    from vgpumgr.vendor_steps import fixed_vf_count
+    from vgpumgr.vendors.steps import fixed_vf_count
 
     return fixed_vf_count(host, pf)
 

@@ -1,4 +1,4 @@
-"""The vendor steps of `vgpumgr restore` on one card (vendor_steps.py), reported as restore's other steps:
+"""The vendor steps of `vgpumgr restore` on one card (vendors/steps.py), reported as restore's other steps:
 Ascend's vNPU VM mode set again, Intel's per-VF quotas written again before the VFs, AMD GIM's VF count checked
 (blocked with the module reload that would change it)."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr import vendor_steps, vendors
 from vgpumgr.errors import VgpuError
+from vgpumgr.vendors import profiles as vendors
+from vgpumgr.vendors import steps as vendor_steps
 
 # restore's step statuses (restore_steps.py names them; repeated here so that the two modules need not import
 # each other)

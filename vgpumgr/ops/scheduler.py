@@ -18,11 +18,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from vgpumgr import ids, nvml_scheduler, rmpvmrl
+from vgpumgr import ids
 from vgpumgr.config import Config
 from vgpumgr.db import store
 from vgpumgr.db.models import GpuSchedulerIntent
 from vgpumgr.errors import Conflict, InvalidInput, VgpuError
+from vgpumgr.nvidia import rmpvmrl
+from vgpumgr.nvidia import scheduler as nvml_scheduler
 
 log = logging.getLogger(__name__)
 POLICIES = ("best-effort", "equal-share", "fixed-share")
@@ -208,7 +210,7 @@ def matches(intent: dict[str, Any], actual: dict[str, Any] | None) -> bool:
 def apply_pending(cfg: Config, gpus: list[str] | None = None, *, actor: str | None = None) -> list[dict[str, Any]]:
     """Apply every recorded intent that is not in effect on a GPU that holds no vGPU now. Never raises: it runs
     after a VM stopped or a vGPU was released, whose outcome it must not change."""
-    from vgpumgr.nvml_facts import nvml_layer
+    from vgpumgr.nvidia.facts import nvml_layer
     from vgpumgr.ops.manual import audited
 
     try:
@@ -311,7 +313,7 @@ def drift(cfg: Config, layer: Any) -> list[dict[str, Any]]:
 def drift_report(cfg: Config, *, fix: bool = False, actor: str | None = None) -> list[dict[str, Any]]:
     """`reconcile`'s part: recorded schedulers the driver does not carry out ([] without NVML or intents);
     with `fix`, those on an empty GPU are applied first."""
-    from vgpumgr.nvml_facts import nvml_layer
+    from vgpumgr.nvidia.facts import nvml_layer
 
     try:
         if not intents(cfg):

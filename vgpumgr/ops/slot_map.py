@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from vgpumgr import ids
-from vgpumgr import placement_ids as pid
 from vgpumgr.errors import NotFound
 from vgpumgr.ops.context import Context
-from vgpumgr.placement_mixed import _slots, held
+from vgpumgr.placement import ids as pid
+from vgpumgr.placement.mixed import _slots, held
 
 
 def slot_map(svc: Context, gpu: str) -> dict[str, Any]:

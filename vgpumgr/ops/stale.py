@@ -50,7 +50,7 @@ from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops.allocate import KERNEL_OWNER_PROXMOX
 from vgpumgr.ops.context import OK, Context
 from vgpumgr.ops.records import allocation_dict
-from vgpumgr.pve_run import Reservation, qemu_running, reservations, reserving
+from vgpumgr.platforms.pve_run import Reservation, qemu_running, reservations, reserving
 
 RELEASE_STALE = "vgpu.release-stale"
 RUN_DIR_ENV = "VGPUMGR_PVE_RUN_DIR"
@@ -285,7 +285,7 @@ def release_stale_mdevs(svc: Context, actor: str | None = None) -> int:
 def note_domain(svc: Context, domain: str, xml: str) -> None:
     """Remember that libvirt has the domain (its UUID, and when it was last prepared) for a VM vgpumgr has
     records of: what makes its records judgeable once the domain is gone."""
-    from vgpumgr.domain import parse_xml
+    from vgpumgr.virt.domain import parse_xml
 
     try:
         uuid = ids.mdev_uuid((parse_xml(xml).findtext("uuid") or "").strip())

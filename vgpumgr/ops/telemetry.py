@@ -14,8 +14,8 @@ from vgpumgr.telemetry.read import Reader
 def _reader(svc: Context) -> Reader:
     reader = getattr(svc, "_telemetry_reader", None)
     if reader is None:
-        from vgpumgr.nvml import NvmlLayer
-        from vgpumgr.nvml_facts import nvml_layer
+        from vgpumgr.nvidia.facts import nvml_layer
+        from vgpumgr.nvidia.nvml import NvmlLayer
 
         reader = Reader(nvml_layer(svc.cfg) or NvmlLayer(None, notice="NVML is not available here"))
         svc._telemetry_reader = reader  # type: ignore[attr-defined]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr import ids, vendor_steps, vendors
+from vgpumgr import ids
 from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.ops.manual import _boot_record, audited
+from vgpumgr.vendors import profiles as vendors
+from vgpumgr.vendors import steps as vendor_steps
 
 
 def prepare(cfg: Config, address: str, *, vfs: int | None = None, vf_memory_mib: int | None = None,

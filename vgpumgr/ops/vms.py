@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr import audit, ids
+from vgpumgr import ids
+from vgpumgr.audit import chain as audit
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.backends import nvidia_vf
 from vgpumgr.db import store
@@ -17,7 +18,7 @@ from vgpumgr.ops import mig as mig_ops
 from vgpumgr.ops import scheduler as scheduler_ops
 from vgpumgr.ops.context import FAILED, Context, suppress
 from vgpumgr.ops.records import hostdev_for, is_nvidia, metadata_for
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
 
 
 def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passthrough: list[str] | None = None,
@@ -29,8 +30,8 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
     """Place and create the VM's GPU devices, render and validate its XML, define (and start) it.
 
     Any failure undoes what was done, in reverse order, and is audited. `print_xml` changes nothing."""
-    from vgpumgr.domain import VmSpec, render
     from vgpumgr.ops import licence_delivery as delivery
+    from vgpumgr.virt.domain import VmSpec, render
 
     name = ids.vm_name(name)
     if licence_delivery is not None:
@@ -96,8 +97,8 @@ def create_vm(svc: Context, name: str, *, vgpus: list[str] | None = None, passth
     return {"name": name, "uuid": vm_uuid, "state": "running" if started else "defined", "allocations": made}
 
 def whole_device(svc: Context, model: str, exclude: list[str] | None = None) -> str:
-    """A free card of `model` to pass through whole (placement_whole.py); `exclude`: addresses already asked for."""
-    from vgpumgr.placement_whole import pick
+    """A free card of `model` to pass through whole (placement/whole.py); `exclude`: addresses already asked for."""
+    from vgpumgr.placement.whole import pick
 
     if not model or len(model) > 64:
         raise InvalidInput(f"'{model}' is neither a PCI address nor a model", hint="give 0000:83:00.0 or a model name")
@@ -136,7 +137,7 @@ def _undo_vm(svc: Context, virt, name: str, made: list[dict[str, Any]], defined:
 
 def _dry_run_hostdevs(svc: Context, name: str, vgpus: list[str], passthrough: list[str], mig: list[str],
                       policy: Policy | None, display: bool) -> list[Any]:
-    from vgpumgr.dryrun import plan_hostdevs
+    from vgpumgr.virt.dryrun import plan_hostdevs
 
     snap = svc.snapshot()
     with svc.sessions() as s:
@@ -159,7 +160,7 @@ def delete_vm(svc: Context, name: str, *, actor: str | None = None) -> dict[str,
         virt.stop(name)
     dom_uuid = None
     if exists:
-        from vgpumgr.domain import parse_xml
+        from vgpumgr.virt.domain import parse_xml
 
         dom_uuid = parse_xml(virt.xml(name, inactive=True)).findtext("uuid")
         virt.undefine(name)
@@ -254,7 +255,7 @@ def list_vms(svc: Context) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: d["name"])
 
 def vm(svc: Context, name: str) -> dict[str, Any]:
-    from vgpumgr.domain import read_allocations
+    from vgpumgr.virt.domain import read_allocations
 
     name = ids.vm_name(name)
     virt = svc.virt()
@@ -272,7 +273,7 @@ def vm_xml(svc: Context, name: str) -> str:
     return virt.xml(name)
 
 def attach_vgpu(svc: Context, name: str, type_name: str, *, actor: str | None = None) -> dict[str, Any]:
-    from vgpumgr.domain import hostdev_xml
+    from vgpumgr.virt.domain import hostdev_xml
 
     name = ids.vm_name(name)
     virt = svc.virt()
@@ -287,7 +288,7 @@ def attach_vgpu(svc: Context, name: str, type_name: str, *, actor: str | None = 
     return a
 
 def detach_vgpu(svc: Context, name: str, ref: str, *, actor: str | None = None) -> dict[str, Any]:
-    from vgpumgr.domain import hostdev_xml
+    from vgpumgr.virt.domain import hostdev_xml
 
     name = ids.vm_name(name)
     a = alloc.find_allocation(svc, ref)

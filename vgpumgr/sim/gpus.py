@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from vgpumgr.mig import profile_for_type
+from vgpumgr.mig.plan import profile_for_type
 from vgpumgr.sim import catalog, rules
 from vgpumgr.sim import placements as simplace
 from vgpumgr.sim.files import link, read_text, update, update_changed

@@ -1,6 +1,6 @@
 """The simulated guest OS of a test-driver VM and its QEMU guest agent (docs/sources.md §23).
 
-libvirt's test driver has no guest agent; vgpumgr.virt answers `test:///` agent commands from here. A simulated
+libvirt's test driver has no guest agent; vgpumgr.virt.driver answers `test:///` agent commands from here. A simulated
 guest lives in `<state>/libvirt-test/guests/<vm-uuid>/`: `guest.json` (its OS and how it licenses, written by
 `vgpumgr sim guest start`), `fs/` (its file system: `/etc/x` is `fs/etc/x`, `C:\\x` is `fs/C/x`) and
 `services.log` (each service restart, with its time).
@@ -38,7 +38,7 @@ def define(libvirt_state: Path, vm_uuid: str, *, os_id: str = "debian", licensin
            agent: bool = True) -> Path:
     """Create (or update) the simulated guest of a VM: its OS (`debian`, `mswindows`, ...), whether it licenses
     once a token arrived (`token`) or never (`never`), and whether its guest agent runs."""
-    from vgpumgr import guest_agent as host_agent
+    from vgpumgr.guest import agent as host_agent
 
     d = guest_dir(libvirt_state, vm_uuid)
     windows = os_id in WINDOWS_IDS
@@ -46,9 +46,9 @@ def define(libvirt_state: Path, vm_uuid: str, *, os_id: str = "debian", licensin
     host_path(d, host_agent.WINDOWS_DIR if windows else host_agent.LINUX_DIR, windows).mkdir(parents=True,
                                                                                              exist_ok=True)
     (d / GUEST_FILE).write_text(json.dumps({"os": os_id, "licensing": licensing, "agent": agent}))
-    from vgpumgr.virt import TEST_AGENT_FILE
+    from vgpumgr.virt.driver import TEST_AGENT_FILE
 
-    (d.parent / TEST_AGENT_FILE).write_text(f"{__name__}:SimAgent\n")  # vgpumgr.virt loads it for test:///
+    (d.parent / TEST_AGENT_FILE).write_text(f"{__name__}:SimAgent\n")  # vgpumgr.virt.driver loads it for test:///
     return d
 
 

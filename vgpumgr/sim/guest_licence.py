@@ -29,7 +29,7 @@ STATE = {"uninitialized": 1, "unlicensed-unrestricted": 2, "unlicensed-restricte
 
 
 def token_dir(d: Path, windows: bool) -> Path:
-    from vgpumgr import guest_agent as host_agent
+    from vgpumgr.guest import agent as host_agent
 
     return guest_agent.host_path(d, host_agent.WINDOWS_DIR if windows else host_agent.LINUX_DIR, windows)
 
@@ -42,7 +42,7 @@ def _restarts(d: Path) -> list[float]:
 
 
 def _token_valid(data: bytes, now: float) -> bool:
-    from vgpumgr import licence_token
+    from vgpumgr.licensing import token as licence_token
 
     info = licence_token.describe(data)
     return info.expires is None or info.expires.timestamp() > now

@@ -21,8 +21,8 @@ def _simulated(host: Any) -> bool:
 
 
 def started(host: Any, name: str, xml: str) -> list[dict[str, Any]]:
-    from vgpumgr import migration
     from vgpumgr.sim import guests
+    from vgpumgr.virt import migration_xml as migration
 
     if not _simulated(host):
         return []
@@ -40,8 +40,8 @@ def started(host: Any, name: str, xml: str) -> list[dict[str, Any]]:
 
 def stopped(host: Any, xml: str) -> list[str]:
     """End the domain's guests; returns the GPUs they ran on."""
-    from vgpumgr import migration
     from vgpumgr.sim import guests
+    from vgpumgr.virt import migration_xml as migration
 
     if not _simulated(host):
         return []

@@ -26,8 +26,8 @@ def _layer(root: Path) -> SimNvml:
 
 def _device(root: Path, ref: str) -> tuple[str, str, str | None, str | None]:
     """(physical GPU address, type dir, mdev UUID, VF address) of the vGPU `ref` in the simulated sysfs."""
-    from vgpumgr.host import Host
-    from vgpumgr.inventory import scan
+    from vgpumgr.discovery.inventory import scan
+    from vgpumgr.hostfs.root import Host
 
     inv = scan(Host(root))
     if ids.is_pci_address(ref):
@@ -47,8 +47,8 @@ def _device(root: Path, ref: str) -> tuple[str, str, str | None, str | None]:
 def start_many(root: str | Path, guests: list[tuple[str, str, str | None]]) -> int:
     """Start many guests at once ((ref, VM UUID, VM name) each): one read of the host, one state write
     (benchmarks with hundreds of vGPUs). Returns how many started."""
-    from vgpumgr.host import Host
-    from vgpumgr.inventory import scan
+    from vgpumgr.discovery.inventory import scan
+    from vgpumgr.hostfs.root import Host
 
     root = Path(root)
     inv = scan(Host(root))

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vgpumgr.host import SIM_MARKER
+from vgpumgr.hostfs.root import SIM_MARKER
 from vgpumgr.sim import gpus as simgpus
 from vgpumgr.sim import placements as simplace
 from vgpumgr.sim import rules, vendor_gpus
@@ -57,7 +57,7 @@ def kstrto(data: str, what: str, *, base: int = 0, bits: int = 64, signed: bool 
 
 
 class KernelEmulator:
-    def __init__(self, host) -> None:  # noqa: ANN001 - vgpumgr.host.Host (import cycle)
+    def __init__(self, host) -> None:  # noqa: ANN001 - vgpumgr.hostfs.root.Host (import cycle)
         self.root = Path(host.root)
         self._lock_path = str(self.root / ".vgpumgr-sim.lock")
         self._state_path = str(self.root / SIM_MARKER)

@@ -36,7 +36,7 @@ FAIL_ENV = "VGPUMGR_SIM_MIGRATION_FAIL"
 
 
 class Daemon:
-    """One simulated host's libvirtd: its test-driver domains (vgpumgr.virt's saved state) and its hook."""
+    """One simulated host's libvirtd: its test-driver domains (vgpumgr.virt.driver's saved state) and its hook."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -57,7 +57,7 @@ class Daemon:
         return cls(state_dir) if (state_dir / CONFIG).is_file() else None
 
     def virt(self) -> Any:
-        from vgpumgr.virt import Virt
+        from vgpumgr.virt.driver import Virt
 
         return Virt(self.uri, state_dir=self.state_dir)
 
@@ -154,8 +154,8 @@ class SimMigration:
         return stopped
 
     def _start_guests(self, xml: str, stopped: list[dict[str, Any]]) -> None:
-        from vgpumgr import migration
         from vgpumgr.sim import guests
+        from vgpumgr.virt import migration_xml as migration
 
         if not stopped or not self.dest.sysfs_root:
             return

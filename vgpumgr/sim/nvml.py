@@ -37,7 +37,8 @@ from typing import Any
 
 import pynvml
 
-from vgpumgr import ids, mig
+from vgpumgr import ids
+from vgpumgr.mig import plan as mig
 from vgpumgr.sim import catalog as _catalog
 from vgpumgr.sim.nvml_migration import VgpuMigration
 from vgpumgr.sim.nvml_placement import VgpuPlacements
@@ -73,7 +74,7 @@ class GpuSpec:
     pci_id: tuple[int, int]  # vendor, device
     subsystem: tuple[int, int]
     memory_mb: int
-    mig_table: str | None  # key of vgpumgr.mig.KNOWN_TABLES
+    mig_table: str | None  # key of vgpumgr.mig.plan.KNOWN_TABLES
     mig_default: tuple[int, int]
     reset_for_mig: bool  # Ampere: a MIG mode change stays pending until a GPU reset
     types: tuple[VgpuTypeSpec, ...]

@@ -3,7 +3,7 @@
 The source asks a running vGPU for its metadata (`nvmlVgpuInstanceGetMetadata`), the destination asks each
 candidate GPU for its own (`nvmlDeviceGetVgpuMetadata`) and NVML compares the two
 (`nvmlGetVgpuCompatibility`). The real blobs are opaque; the simulator fills them with JSON of the facts
-NVIDIA's documented rules compare (vgpumgr.compat), so the answer follows those rules: the same type, the
+NVIDIA's documented rules compare (vgpumgr.nvidia.compat), so the answer follows those rules: the same type, the
 same board, the same vGPU manager version, and the guest's vGPU version inside the destination's range.
 
 State it reads: the NVML state file's `driver_version` (the host's vGPU manager; a test changes it to make
@@ -18,7 +18,7 @@ from typing import Any
 
 import pynvml
 
-from vgpumgr import compat
+from vgpumgr.nvidia import compat
 
 # what nvmlGetVgpuVersion answered on the real H100 with driver 580.159.04 (tests/fixtures/nvml/h100-vgpu.json)
 DEFAULT_VGPU_RANGE = (0x120001, 0x1A0001)

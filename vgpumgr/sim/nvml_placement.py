@@ -20,7 +20,7 @@ from typing import Any
 
 import pynvml
 
-from vgpumgr.host import SIM_MARKER
+from vgpumgr.hostfs.root import SIM_MARKER
 from vgpumgr.sim import placements as simplace
 
 CAP_HETEROGENEOUS_SIZES, CAP_HOMOGENEOUS_PLACEMENTS = 2, 9

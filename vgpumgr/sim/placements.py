@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from vgpumgr import placement_ids as pid
+from vgpumgr.placement import ids as pid
 
 NOT_APPLICABLE = "Not Applicable\n"
 

@@ -1,4 +1,4 @@
-"""The simulator's side of `vgpumgr.host.Kernel`: a simulated root names `SimKernel` in its KERNEL_FILE, so
+"""The simulator's side of `vgpumgr.hostfs.root.Kernel`: a simulated root names `SimKernel` in its KERNEL_FILE, so
 its writes go to the kernel emulator and its NVML is the simulated one, without the real host's code
 knowing the simulator."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vgpumgr.host import KERNEL_FILE, Host, Kernel
+from vgpumgr.hostfs.root import KERNEL_FILE, Host, Kernel
 from vgpumgr.sim.paths import NVML_STATE, nvml_state_path
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpumgr.errors import Conflict, InvalidInput
-from vgpumgr.host import SIM_MARKER
+from vgpumgr.hostfs.root import SIM_MARKER
 from vgpumgr.sim import catalog, vendor_gpus
 from vgpumgr.sim.files import write
 from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu

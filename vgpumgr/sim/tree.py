@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vgpumgr.host import SIM_MARKER
+from vgpumgr.hostfs.root import SIM_MARKER
 from vgpumgr.sim.files import attr, entries, link, mkdir_quiet, remove_dir, rmtree, unlink_quiet
 
 NVIDIA = "10de"

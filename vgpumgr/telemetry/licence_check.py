@@ -29,7 +29,8 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-from vgpumgr import audit, licensing
+from vgpumgr.audit import chain as audit
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.ops.context import WARNING, Context
 
 DRIFT = "licence.drift"
@@ -126,7 +127,7 @@ def _ago(iso: str, now: float) -> str:
 
 
 def findings(svc: Context, snap: dict[str, Any]) -> list[dict[str, Any]]:
-    from vgpumgr import licence_token
+    from vgpumgr.licensing import token as licence_token
     from vgpumgr.ops import licence_delivery
     from vgpumgr.telemetry.snapshot import live_records
 

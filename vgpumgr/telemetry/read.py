@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpumgr import ids
-from vgpumgr.nvml import NvmlLayer
+from vgpumgr.nvidia.nvml import NvmlLayer
 from vgpumgr.telemetry import sched_share
 from vgpumgr.telemetry.sched_share import ShareTracker
 
@@ -106,7 +106,7 @@ class Reader:
     def poll_logs(self) -> None:
         """Read the scheduler log of every GPU that had running vGPUs at the last read (the service does it
         5 times a second, as NVML asks, so that no time slice is missed)."""
-        from vgpumgr import nvml_scheduler
+        from vgpumgr.nvidia import scheduler as nvml_scheduler
 
         for address in sorted(self._logged):
             try:
@@ -116,7 +116,7 @@ class Reader:
             self.shares.feed(address, log["entries"])
 
     def _scheduler(self, n: Any, handle: Any, gpu: GpuReading) -> None:
-        from vgpumgr import nvml_scheduler
+        from vgpumgr.nvidia import scheduler as nvml_scheduler
 
         if not gpu.vgpus:
             self._logged.discard(gpu.address)

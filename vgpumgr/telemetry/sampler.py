@@ -29,8 +29,8 @@ def interval_seconds() -> float:
 
 class Sampler:
     def __init__(self, svc: Context, interval: float | None = None, span: float = 3600.0) -> None:
-        from vgpumgr.nvml import NvmlLayer
-        from vgpumgr.nvml_facts import nvml_layer
+        from vgpumgr.nvidia.facts import nvml_layer
+        from vgpumgr.nvidia.nvml import NvmlLayer
 
         self.svc = svc
         self.interval = interval or interval_seconds()

@@ -29,7 +29,7 @@ class ShareTracker:
         self.lost: dict[str, int] = {}
 
     def feed(self, gpu: str, entries: list[dict[str, int]]) -> None:
-        """One read of the GPU's log (vgpumgr.nvml_scheduler.read_log's entries)."""
+        """One read of the GPU's log (vgpumgr.nvidia.scheduler.read_log's entries)."""
         entries = sorted(entries, key=lambda e: e["timestamp_ns"])
         if not entries:
             return

@@ -1,0 +1,4 @@
+"""The audit trail and its anchors: the hash-chained events (chain), the host's signing key (key) and the
+signed checkpoints kept outside the database (checkpoints).
+Layer 5 (records): may import the base modules, hostfs, config, db and licensing.
+"""

@@ -1,0 +1,4 @@
+"""Other vendors' accelerators as data (profiles) and the mode steps their cards need before slices exist
+(steps).
+Layer 3 (devices): may import the base modules, hostfs, config, discovery and backends.
+"""
