@@ -52,7 +52,8 @@ def get_gpu(address: str, refresh: bool = REFRESH, svc: Service = Depends(servic
     g = inv.gpu(address)
     if g is None:
         raise NotFound(f"no GPU {address}", hint="GET /v1/gpus lists the GPUs")
-    return {**g.to_json(), "types": [t.to_json() for t in inv.types if t.gpu == address or t.parent == address],
+    types = [t.to_json() for t in inv.types if t.gpu == address or t.parent == address]
+    return {**g.to_json(), "types": _with_gpu_available(svc, types),
             "mdevs": [m.to_json() for m in inv.mdevs if m.gpu == address],
             "vf_vgpus": [v.to_json() for v in inv.vf_vgpus if v.gpu == address]}
 
@@ -69,9 +70,17 @@ def list_types(parent: str | None = Query(default=None, max_length=32), gpu: str
                _: Token = Depends(require(*READ))) -> list[dict[str, Any]]:
     parent = ids.parent_name(parent) if parent else None
     gpu = ids.pci_address(gpu) if gpu else None
-    return [t.to_json() for t in _inventory(svc, refresh).types
-            if (parent is None or t.parent == parent) and (gpu is None or t.gpu == gpu)
-            and (not available or t.available_instances > 0)]
+    return _with_gpu_available(svc, [t.to_json() for t in _inventory(svc, refresh).types
+                                     if (parent is None or t.parent == parent) and (gpu is None or t.gpu == gpu)
+                                     and (not available or t.available_instances > 0)])
+
+
+def _with_gpu_available(svc: Service, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A GPU in mixed-size mode: its rows say what it can make of each type now (`gpu_available`)."""
+    from vgpumgr.ops import slot_map
+
+    gpus = {r["gpu"] for r in rows if r.get("gpu") and r["backend"] == "nvidia-vf"}
+    return slot_map.with_gpu_available(rows, slot_map.mixed_size_free(svc, only=gpus)) if gpus else rows
 
 
 @router.get("/devices", tags=["inventory"])

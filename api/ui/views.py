@@ -40,6 +40,7 @@ class TypeRow:
     mig_profile: str | None
     instances: list[Instance] = field(default_factory=list)
     reason: str | None = None
+    per_gpu: bool = False  # mixed-size mode: `available` counts what placement can make now, not the VFs' listing
 
     @property
     def boxes(self) -> list[str]:
@@ -146,7 +147,10 @@ def _instance(ref: str, parent: str, type_id: str, type_name: str | None, live: 
 
 
 def slot_map(svc: Service, address: str) -> SlotMap | None:
-    inv = svc.snapshot().inventory
+    from vgpumgr.ops.slot_map import mixed_size_free
+
+    snap = svc.snapshot()
+    inv = snap.inventory
     gpu = inv.gpu(address)
     if gpu is None:
         return None
@@ -172,6 +176,13 @@ def slot_map(svc: Service, address: str) -> SlotMap | None:
     for i in instances:
         if i.type in rows:
             rows[i.type].instances.append(i)
+    for type_id, n in mixed_size_free(svc, snap, [address]).get(address, {}).items():
+        info = snap.placer.info(address, type_id)
+        if type_id not in rows and info is not None:  # no free VF lists it: none fits, and the page says why
+            rows[type_id] = TypeRow(type_id, info.name, info.backend, info.framebuffer_mb, info.max_instance, [], 0,
+                                    info.mig_profile)
+        if type_id in rows:
+            rows[type_id].available, rows[type_id].per_gpu = n, True
     free_gis = free_gpu_instances(inv, records)
     for row in rows.values():
         if row.available == 0:

@@ -12,7 +12,7 @@ from vgpumgr.errors import NotFound
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~7 ms): see cli/main.py
 if TYPE_CHECKING:
-    from typing import TextIO
+    from typing import Any, TextIO
 
     from vgpumgr.model import VgpuType
 
@@ -79,6 +79,8 @@ def types(args: argparse.Namespace, out: TextIO) -> int:
         found_json = types_json(cfg.host, parent, cache_path=cache, available_only=args.available)
         if parent and not found_json:
             _check_parent(cfg, parent)
+        if '"nvidia-vf"' in "".join(found_json):
+            found_json = _with_gpu_available(cfg, found_json)
         out.write("[\n" + ",\n".join("  " + o for o in found_json) + ("\n]\n" if found_json else "]\n"))
         return 0
     found = discover_types(cfg.host, parent, cache_path=cache)
@@ -92,7 +94,45 @@ def types(args: argparse.Namespace, out: TextIO) -> int:
             for t in found]
     table(out, ["PARENT", "TYPE", "NAME", "BACKEND", "AVAIL", "FB", "MAX", "DESCRIPTION"], rows,
           empty="no vGPU types found")
+    vf_gpus = {t.gpu for t in found if t.backend == "nvidia-vf" and t.gpu}
+    if vf_gpus:
+        _mixed_size_table(out, cfg, vf_gpus, args.available)
     return 0
+
+
+def _mixed_size_counts(cfg: Config, gpus: set[str] | None = None) -> tuple[Any, dict[str, dict[str, int]]]:
+    from vgpumgr.ops.slot_map import mixed_size_free
+    from vgpumgr.service import Service
+
+    svc = Service(cfg)
+    snap = svc.snapshot()
+    return snap.placer, mixed_size_free(svc, snap, gpus)
+
+
+def _with_gpu_available(cfg: Config, found_json: list[str]) -> list[str]:
+    import json
+
+    from vgpumgr.ops.slot_map import with_gpu_available
+
+    _px, counts = _mixed_size_counts(cfg)
+    if not counts:
+        return found_json
+    return [json.dumps(r) for r in with_gpu_available([json.loads(o) for o in found_json], counts)]
+
+
+def _mixed_size_table(out: TextIO, cfg: Config, gpus: set[str], available_only: bool) -> None:
+    px, counts = _mixed_size_counts(cfg, gpus)
+    rows = []
+    for gpu, by_type in sorted(counts.items()):
+        infos = sorted((i for i in (px.info(gpu, t) for t in by_type) if i is not None),
+                       key=lambda i: (i.framebuffer_mb or 0, i.name))
+        rows += [[gpu, i.type, i.name, by_type[i.type]] for i in infos if by_type[i.type] or not available_only]
+    if not counts:
+        return
+    out.write("\nAVAIL above is per VF, as the driver lists it: each free VF of a GPU in mixed-size mode lists every "
+              "type that fits somewhere.\nWhat such a GPU can make now, one vGPU after the other (as `vgpumgr fleet "
+              "capacity` counts):\n")
+    table(out, ["GPU", "TYPE", "NAME", "FREE"], rows, empty="no type can be made now")
 
 
 def _check_parent(cfg: Config, parent: str) -> None:

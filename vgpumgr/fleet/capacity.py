@@ -111,6 +111,19 @@ def host_capacity(px: Placer, records: Sequence[Allocation], only: Iterable[str]
     return out
 
 
+def mixed_size_free(px: Placer, records: Sequence[Allocation], only: Iterable[str] | None = None
+                    ) -> dict[str, dict[str, int]]:
+    """GPU -> type id -> vGPUs of the type it could take now, one after the other (host_capacity's count), for
+    each physical GPU in NVIDIA's mixed-size mode (of those in `only`). There every free VF lists every type that
+    fits somewhere, so the VFs' `available_instances` are true per VF but never add up to what can be made."""
+    wanted = None if only is None else set(only)
+    mixed = [g.address for g in px.inv.gpus if not g.is_vf and placement_mixed.is_mixed(g)
+             and (wanted is None or g.address in wanted)]
+    if not mixed:
+        return {}
+    return {c.address: {t.type: t.free for t in c.types} for c in host_capacity(px, records, mixed)}
+
+
 class _Load:
     """What one GPU holds, read once for all of its types."""
 

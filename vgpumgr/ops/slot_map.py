@@ -9,6 +9,7 @@ placement IDs exist in that mode (pre-Ada, R550) or NVML cannot tell."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from vgpumgr import ids
@@ -55,6 +56,34 @@ def slot_map(svc: Context, gpu: str) -> dict[str, Any]:
                                                                 equal=homogeneous)})
     out["used_gb"] = sum(s for _, s in occupied)
     return out
+
+
+def mixed_size_free(svc: Context, snap: Any = None, only: Iterable[str] | None = None
+                    ) -> dict[str, dict[str, int]]:
+    """GPU in mixed-size mode -> type id -> vGPUs of it that could be made now, one after the other: the count
+    `fleet capacity` publishes (vgpumgr.fleet.capacity), for the GPU page, `types`, REST and /metrics alike. The
+    records are read only when a GPU is in that mode."""
+    from vgpumgr.fleet import capacity
+    from vgpumgr.ops.allocate import live_records
+    from vgpumgr.placement.mixed import is_mixed
+
+    snap = snap or svc.snapshot()
+    wanted = None if only is None else set(only)
+    if not any(is_mixed(g) for g in snap.inventory.gpus if wanted is None or g.address in wanted):
+        return {}
+    with svc.reads() as s:
+        records = live_records(svc, s)
+    return capacity.mixed_size_free(snap.placer, records, wanted)
+
+
+def with_gpu_available(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """Type rows (`types --json`, GET /v1/types) of a GPU in mixed-size mode get `gpu_available`: what the GPU can
+    make of the type now (the same on each of its VFs, not to be summed); `available_instances` stays the VF's own."""
+    for r in rows:
+        n = counts.get(r.get("gpu") or "", {}).get(r["type"])
+        if n is not None:
+            r["gpu_available"] = n
+    return rows
 
 
 def cells(m: dict[str, Any]) -> list[str | None]:

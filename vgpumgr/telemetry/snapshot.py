@@ -87,12 +87,20 @@ def _row(host: str, r: VgpuReading, vm: str | None, a: dict[str, Any] | None) ->
 
 
 def _gpu_rows(svc: Context, gpus: list[GpuReading], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    inv = svc.snapshot().inventory
+    from vgpumgr.ops.slot_map import mixed_size_free
+
+    snap = svc.snapshot()
+    inv = snap.inventory
     free: dict[str, dict[str, int]] = defaultdict(dict)
+    mixed = mixed_size_free(svc, snap)  # there the VFs' listings do not add up to what can be made
     for t in inv.types:
-        if t.gpu:
+        if t.gpu and t.gpu not in mixed:
             short = t.name.split()[-1] if t.name else t.type
             free[t.gpu][short] = free[t.gpu].get(short, 0) + t.available_instances
+    for gpu, by_type in mixed.items():
+        for type_id, n in by_type.items():
+            info = snap.placer.info(gpu, type_id)
+            free[gpu][info.short if info else type_id] = n
     out = []
     for g in gpus:
         mine = [x for x in rows if x["gpu"] == g.address]
