@@ -211,6 +211,7 @@ class VerifyResult:
     problems: list[Problem] = field(default_factory=list)
     checkpoints: int | None = None  # how many checkpoints were compared; None: none were consulted
     checkpoint_problems: list[CheckpointProblem] = field(default_factory=list)
+    restores: list[dict[str, Any]] = field(default_factory=list)  # signed `db restore` records (audit.restore)
 
     @property
     def ok(self) -> bool:
@@ -227,7 +228,7 @@ class VerifyResult:
         against = f", consistent with {self.checkpoints} checkpoint(s)" if self.checkpoints is not None else ""
         if self.ok:
             return (f"audit chain intact: {self.checked} events, head {self.head_seq} {self.head_hash[:16]}"
-                    f"{against}")
+                    f"{against}" + "".join(f"; {r['summary']}" for r in self.restores))
         return "audit chain broken: " + "; ".join(str(p) for p in [*self.checkpoint_problems, *self.problems])
 
     def to_json(self) -> dict[str, Any]:
@@ -236,7 +237,8 @@ class VerifyResult:
                              "problems": [{"seq": p.seq, "reason": p.reason} for p in self.problems]}
         if self.checkpoints is not None:
             d["checkpoints"] = {"checked": self.checkpoints,
-                                "problems": [p.to_json() for p in self.checkpoint_problems]}
+                                "problems": [p.to_json() for p in self.checkpoint_problems],
+                                **({"restores": self.restores} if self.restores else {})}
         return d
 
 

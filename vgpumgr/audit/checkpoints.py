@@ -30,6 +30,7 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from vgpumgr.audit import chain as audit
+from vgpumgr.audit import restore as restore_audit
 from vgpumgr.audit.key import PUBLIC_KEY_FILE, HostKey, canonical, digest, load_key, signed_bytes
 from vgpumgr.db.models import GENESIS_HASH, AuditEvent
 from vgpumgr.errors import AuditBroken, InvalidInput, Unavailable
@@ -119,26 +120,33 @@ class Checkpointer:
 
         event.listen(session, "after_commit", write_now, once=True)
 
-    def write(self, engine: Engine, reason: str) -> Written:
-        """Sign the head and append it, if the database still extends the newest checkpoint."""
+    def write(self, engine: Engine, reason: str, restore: dict[str, Any] | None = None) -> Written:
+        """Sign the head and append it, if the database still extends the newest checkpoint (a restore's record:
+        whatever the checkpoints before it said)."""
         try:
-            return self._write(engine, reason)
+            return self._write(engine, reason, restore)
         except OSError as exc:
             raise Unavailable(f"cannot write the audit checkpoint in {self.state_dir}: {exc.strerror or exc}",
                               hint="run as the owner of the state directory (root on a real host)") from exc
 
-    def _write(self, engine: Engine, reason: str) -> Written:
+    def write_restore(self, engine: Engine, backup: Path, kept: Path) -> Written:
+        """The signed record of a `db restore` (vgpumgr.audit.restore): the chain now ends at the restored
+        database's head, whatever the checkpoints before it said; the events after it are in `kept`."""
+        return self.write(engine, restore_audit.RESTORE_REASON, restore=restore_audit.fact(backup, kept))
+
+    def _write(self, engine: Engine, reason: str, restore: dict[str, Any] | None = None) -> Written:
         key = self.key(create=True)
         assert key is not None
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one writer at a time: `n` and `prev` follow the last line
             last = _last_record(self.path)
-            head_seq, head_hash = _head_extending(engine, last)
+            head_seq, head_hash = _head_extending(engine, None if restore else last)
             record: dict[str, Any] = {
                 "v": 1, "n": (last["n"] + 1) if last else 1, "host": self.host, "seq": head_seq, "hash": head_hash,
                 "at": datetime.now(UTC).isoformat(timespec="microseconds"), "reason": reason,
-                "prev": digest(last) if last else GENESIS_HASH, "key": key.key_id}
+                "prev": digest(last) if last else GENESIS_HASH, "key": key.key_id,
+                **({"restore": restore} if restore else {})}
             record["sig"] = key.sign(signed_bytes(record))
             os.write(fd, canonical(record) + b"\n")
             os.fsync(fd)
@@ -192,9 +200,11 @@ class Checkpointer:
 
     def check(self, session: Session, result: audit.VerifyResult) -> None:
         """Add to `result` every checkpoint problem: the file's own, then each one the database contradicts."""
-        records, problems = self.read()
+        all_records, problems = self.read()
         result.checkpoint_problems.extend(problems)
-        result.checkpoints = len(records)
+        result.checkpoints = len(all_records)
+        routed = restore_audit.route(all_records)
+        records = routed.database
         wanted = sorted({rec["seq"] for _, rec in records if rec["seq"] > 0})
         stored: dict[int, str] = {}
         for i in range(0, len(wanted), 500):
@@ -203,36 +213,15 @@ class Checkpointer:
             stored.update({seq: digest_ for seq, digest_ in rows})
         db_last = session.execute(select(func.max(AuditEvent.seq))).scalar() or 0
         chain_bad = min((p.seq for p in result.problems), default=None)
-        matched: dict[str, Any] | None = None  # the newest checkpoint so far that the database agrees with
-        for number, rec in records:
-            seq, recorded, n = rec["seq"], rec["hash"], rec["n"]
-            found = stored.get(seq, GENESIS_HASH if seq == 0 else None)
-            if found == recorded:
-                matched = rec
-                continue
-            signed = f"signed {rec['at']}"
-            if found is None and seq > db_last:
-                kind, why = "truncated", (f"the database ends at event {db_last}, but this checkpoint ({signed}) "
-                                          f"recorded event {seq} with hash {recorded[:16]}")
-            elif found is None:
-                kind, why = "deleted", f"event {seq}, recorded by this checkpoint ({signed}), is gone"
-            elif chain_bad is not None and chain_bad <= seq:
-                kind, why = "rewritten", (f"event {seq} now hashes to {found[:16]}, not {recorded[:16]} ({signed}); "
-                                          f"the chain is broken from event {chain_bad}")
-            else:
-                since = (f"after checkpoint {matched['n']} (event {matched['seq']})" if matched
-                         else "before any checkpoint that still matches")
-                kind, why = "forked", (f"event {seq} now hashes to {found[:16]}, not {recorded[:16]} ({signed}): "
-                                       f"the database holds a different, self-consistent history, re-hashed {since}")
-            if len(result.checkpoint_problems) < audit.MAX_PROBLEMS:
-                result.checkpoint_problems.append(audit.CheckpointProblem(n, number, seq, kind, why))
+        _compare(records, stored, db_last, chain_bad, result, "the database")
+        for line, rec, kept in routed.kept:
+            restore_audit.check_kept(line, rec, kept, result, _compare)
 
     def verify(self, session: Session) -> audit.VerifyResult:
         """The chain walk and the checkpoint comparison together."""
         result = audit.verify(session)
         self.check(session, result)
         return result
-
     def export(self, session: Session) -> dict[str, Any]:
         """Events, checkpoints (as written) and the public key: all a third party needs to verify."""
         key = self.key(create=False)
@@ -246,6 +235,34 @@ class Checkpointer:
                 "key_id": key.key_id if key else None, "public_key": key.public_pem() if key else None,
                 "events": [audit.to_dict(ev) for ev in session.execute(stmt)],
                 "checkpoints": [json.loads(line) for line in lines if _parse(line) is not None]}
+
+
+def _compare(records: list[tuple[int, dict[str, Any]]], stored: dict[int, str], db_last: int,
+             chain_bad: int | None, result: audit.VerifyResult, where: str) -> None:
+    """Name each checkpoint that `stored` (seq -> hash of `where`'s events) contradicts, and how."""
+    matched: dict[str, Any] | None = None  # the newest checkpoint so far that the database agrees with
+    for number, rec in records:
+        seq, recorded, n = rec["seq"], rec["hash"], rec["n"]
+        found = stored.get(seq, GENESIS_HASH if seq == 0 else None)
+        if found == recorded:
+            matched = rec
+            continue
+        signed = f"signed {rec['at']}"
+        if found is None and seq > db_last:
+            kind, why = "truncated", (f"{where} ends at event {db_last}, but this checkpoint ({signed}) "
+                                      f"recorded event {seq} with hash {recorded[:16]}")
+        elif found is None:
+            kind, why = "deleted", f"event {seq} of {where}, recorded by this checkpoint ({signed}), is gone"
+        elif chain_bad is not None and chain_bad <= seq:
+            kind, why = "rewritten", (f"event {seq} of {where} now hashes to {found[:16]}, not {recorded[:16]} "
+                                      f"({signed}); the chain is broken from event {chain_bad}")
+        else:
+            since = (f"after checkpoint {matched['n']} (event {matched['seq']})" if matched
+                     else "before any checkpoint that still matches")
+            kind, why = "forked", (f"event {seq} of {where} now hashes to {found[:16]}, not {recorded[:16]} "
+                                   f"({signed}): it holds a different, self-consistent history, re-hashed {since}")
+        if len(result.checkpoint_problems) < audit.MAX_PROBLEMS:
+            result.checkpoint_problems.append(audit.CheckpointProblem(n, number, seq, kind, why))
 
 
 def attach(factory: sessionmaker[Session], checkpointer: Checkpointer) -> Checkpointer:

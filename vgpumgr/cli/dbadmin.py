@@ -34,6 +34,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
             "replace the SQLite database with a backup (its audit chain verified first; the old one kept)")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--force", action="store_true", help="restore even if the backup's audit chain does not verify")
+    p.add_argument("--dry-run", action="store_true",
+                   help="only compare the backup with the host (devices, VMs, seats), change nothing")
     p.add_argument("--json", action="store_true")
 
     up = group("upgrade", "rolling upgrades of vgpumgr")
@@ -117,19 +119,45 @@ def db_backup(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def db_restore(args: argparse.Namespace, out: TextIO) -> int:
+    """The backup compared with the host first; then the restore, and its signed record in the checkpoint file
+    (vgpumgr.audit.restore) that `audit verify` reads; should the record fail, the restore is undone."""
+    from vgpumgr.audit.checkpoints import Checkpointer
     from vgpumgr.db import admin
+    from vgpumgr.db.session import get_engine
+    from vgpumgr.errors import NotFound
     from vgpumgr.hostfs.locking import host_lock
+    from vgpumgr.ops import backup_diff
+    from vgpumgr.ops.context import hostname
 
-    cfg = _cfg(args)
+    cfg, source, written = _cfg(args), Path(args.file), []
+    if not source.is_file():
+        raise NotFound(f"{source} does not exist", hint="name the backup file written by `vgpumgr db backup`")
+
+    def record(kept: Path) -> None:
+        cp = Checkpointer.from_env(cfg.state_dir, hostname(), simulated=cfg.host.simulated)
+        written.append(cp.write_restore(get_engine(cfg.db_url), source, kept))
+
     with host_lock(cfg.state_dir / "vgpumgr.lock", timeout=30):
-        copy, kept = admin.restore(cfg.db_url, Path(args.file), force=args.force)
+        diff = backup_diff.compare(cfg, hostname(), source, admin._sqlite_path(cfg.db_url, "restore"))
+        if not args.json:
+            out.write(backup_diff.text(diff, source))
+        if args.dry_run:
+            if args.json:
+                dump_json(out, {"dry_run": True, "host_diff": diff})
+            return 0
+        copy, kept = admin.restore(cfg.db_url, source, force=args.force, record=record)
     if args.json:
-        dump_json(out, {**copy.as_dict(), "previous": str(kept)})
+        dump_json(out, {**copy.as_dict(), "previous": str(kept), "host_diff": diff,
+                        "checkpoint": written[0].to_json(), "dry_run": False})
         return 0
     chain = (f"audit chain verified to event {copy.head_seq}" if copy.events >= 0 else
              "audit chain NOT verified (--force)")
+    r = written[0].record
     out.write(f"restored {copy.path} (schema {copy.revision}, {chain}); the database it replaced is {kept}\n"
-              "restart vgpumgr.service so that the service reads the restored records\n")
+              f"audit: the restore is signed checkpoint {r['n']}: the chain now ends at event {r['seq']}, the "
+              f"events after it (to {r['restore']['kept_seq']}) are kept in {kept}\n"
+              "restart vgpumgr.service so that the service reads the restored records; `vgpumgr reconcile` then "
+              "settles the differences listed above\n")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,10 +161,13 @@ def backup(url: str, dest: Path, *, force: bool = False) -> Copy:
     return copy
 
 
-def restore(url: str, source: Path, *, force: bool = False) -> tuple[Copy, Path]:
+def restore(url: str, source: Path, *, force: bool = False,
+            record: Callable[[Path], Any] | None = None) -> tuple[Copy, Path]:
     """Replace this host's SQLite database with a backup: the backup's audit chain verified first (refused when it
     does not, unless `force`), its schema one this code can use, the current database kept beside it
-    (`<db>.before-restore`), the copy made with the backup API (other connections see the whole new content)."""
+    (`<db>.before-restore`, or `.before-restore.N` where an earlier restore's is kept), the copy made with the backup
+    API (other connections see the whole new content). `record(kept)` then writes the restore's signed audit
+    record; should it fail, the kept database is put back."""
     target = _sqlite_path(url, "restore")
     try:
         copy = verified(source)
@@ -177,7 +181,8 @@ def restore(url: str, source: Path, *, force: bool = False) -> tuple[Copy, Path]
         if (schema.ordinal(revision) or 0) >= 9:
             level = raw.execute("SELECT contract_level FROM vgpumgr_schema WHERE id = 1").fetchone()[0]
     schema.check(schema.State(revision, level), dialect="sqlite")  # raises if this code cannot use it
-    kept = target.with_name(target.name + ".before-restore")
+    kept = next(p for n in range(1, 1000) if not (p := target.with_name(
+        target.name + ".before-restore" + (f".{n}" if n > 1 else ""))).exists())  # a signed record may name it
     target.parent.mkdir(parents=True, exist_ok=True)
     with closing(sqlite3.connect(target)) as live:
         with closing(sqlite3.connect(kept)) as old:
@@ -186,5 +191,14 @@ def restore(url: str, source: Path, *, force: bool = False) -> tuple[Copy, Path]
             src.backup(live)
     os.chmod(kept, 0o600)
     forget_schema(url)
-    ensure_schema(url)  # an older backup is brought to this code's revision
+    try:
+        ensure_schema(url)  # an older backup is brought to this code's revision
+        if record is not None:
+            record(kept)
+    except BaseException:
+        with closing(sqlite3.connect(kept)) as old, closing(sqlite3.connect(target)) as live:
+            old.backup(live)
+        forget_schema(url)
+        kept.unlink()
+        raise
     return copy, kept
