@@ -101,9 +101,21 @@ def types(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _mixed_size_counts(cfg: Config, gpus: set[str] | None = None) -> tuple[Any, dict[str, dict[str, int]]]:
+    """Placement's counts for the GPUs in mixed-size mode; the records (the database) are opened only when NVML
+    says one is, so `types` elsewhere needs no state directory."""
+    from vgpumgr.discovery.pci import discover_gpus
     from vgpumgr.ops.slot_map import mixed_size_free
+    from vgpumgr.placement.mixed import is_mixed
     from vgpumgr.service import Service
 
+    try:
+        from vgpumgr.nvidia.facts import merge_nvml
+    except ImportError:
+        return None, {}
+    found = [g for g in discover_gpus(cfg.host) if not g.is_vf and (gpus is None or g.address in gpus)]
+    merge_nvml(cfg, found)
+    if not any(is_mixed(g) for g in found):
+        return None, {}
     svc = Service(cfg)
     snap = svc.snapshot()
     return snap.placer, mixed_size_free(svc, snap, gpus)
