@@ -167,3 +167,14 @@ def test_a_restore_whose_record_cannot_be_written_is_undone(host, monkeypatch: p
     assert len(json.loads(host("placements", "--json")[1])) == 4  # the database it would have replaced is back
     assert not (host.state / "vgpumgr.db.before-restore").exists()
     assert host("audit", "verify")[0] == 0
+
+
+def test_a_forced_restore_of_a_broken_backup_is_recorded_and_stays_broken(host) -> None:  # noqa: ANN001
+    the_issues_sequence(host)
+    with closing(sqlite3.connect(host.backup)) as conn:
+        conn.execute("UPDATE audit_events SET actor = 'someone-else' WHERE seq = 1")
+        conn.commit()
+    rc, out, err = host("db", "restore", "--force", str(host.backup))
+    assert rc == 0 and "audit chain NOT verified (--force)" in out and "signed checkpoint 2" in out, out + err
+    rc, out, _ = host("audit", "verify")
+    assert rc == 9 and "event 1: altered" in out

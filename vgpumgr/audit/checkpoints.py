@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from vgpumgr.audit import chain as audit
 from vgpumgr.audit import restore as restore_audit
 from vgpumgr.audit.key import PUBLIC_KEY_FILE, HostKey, canonical, digest, load_key, signed_bytes
-from vgpumgr.db.models import GENESIS_HASH, AuditEvent
+from vgpumgr.db.models import GENESIS_HASH, AuditEvent, AuditHead
 from vgpumgr.errors import AuditBroken, InvalidInput, Unavailable
 
 CHECKPOINT_FILE = "audit-checkpoints.jsonl"
@@ -141,7 +141,8 @@ class Checkpointer:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one writer at a time: `n` and `prev` follow the last line
             last = _last_record(self.path)
-            head_seq, head_hash = _head_extending(engine, None if restore else last)
+            # a restore's record takes the restored head as it is (`db restore --force` may restore a broken chain)
+            head_seq, head_hash = _head_row(engine) if restore else _head_extending(engine, last)
             record: dict[str, Any] = {
                 "v": 1, "n": (last["n"] + 1) if last else 1, "host": self.host, "seq": head_seq, "hash": head_hash,
                 "at": datetime.now(UTC).isoformat(timespec="microseconds"), "reason": reason,
@@ -295,6 +296,12 @@ def _last_record(path: Path) -> dict[str, Any] | None:
         raise AuditBroken(f"the last line of {path} is not a checkpoint",
                           hint="the file was edited; run `vgpumgr audit verify` to see what else changed")
     return rec
+
+
+def _head_row(engine: Engine) -> tuple[int, str]:
+    with engine.connect() as conn:
+        row = conn.execute(select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == 1)).one_or_none()
+    return (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
 
 
 def _head_extending(engine: Engine, last: dict[str, Any] | None) -> tuple[int, str]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vgpumgr.audit import chain as audit
+
 RESTORE_REASON = "restore"
 _FIELDS = {"backup": str, "backup_sha256": str, "kept": str, "kept_seq": int, "kept_hash": str}
 
@@ -71,7 +73,6 @@ def route(records: Sequence[tuple[int, dict[str, Any]]]) -> Route:
 
 def kept_chain(path: Path) -> tuple[Any, dict[int, str]] | None:
     """The kept file's chain walked (audit.verify) and its events' hashes by seq; None when the file is gone."""
-    from vgpumgr.audit import chain as audit
     from vgpumgr.db.session import dispose_engine, session_factory
 
     if not path.is_file():
@@ -91,26 +92,32 @@ def check_kept(line: int, rec: dict[str, Any], kept: list[tuple[int, dict[str, A
                compare: Callable[..., None]) -> None:
     """A signed restore: the file it kept must still hold the cut events, chained, up to the head it named, and
     agree with the checkpoints written before the restore (`compare`: the checkpoints' own comparison)."""
-    from vgpumgr.audit import chain as audit
-
     r = rec["restore"]
     path = Path(r["kept"])
-    walked = kept_chain(path)
-    problem = None
-    if walked is None:
-        problem = f"{path}, which keeps events {rec['seq'] + 1}–{r['kept_seq']}, is gone"
-    else:
-        chain, hashes = walked
-        if chain.problems:
-            problem = f"the chain of {path} is broken: {chain.problems[0]}"
-        elif (chain.head_seq, chain.head_hash) != (r["kept_seq"], r["kept_hash"]):
-            problem = (f"{path} ends at event {chain.head_seq} {chain.head_hash[:16]}, the restore recorded "
-                       f"{r['kept_seq']} {r['kept_hash'][:16]}")
-        else:
-            compare(kept, hashes, chain.head_seq, None, result, str(path))
+    problem = _kept_problem(path, rec, kept, result, compare)
     if problem:
         result.checkpoint_problems.append(audit.CheckpointProblem(rec["n"], line, rec["seq"], "kept", problem))
     result.restores.append(describe(rec, len(kept)))
+
+
+def _kept_problem(path: Path, rec: dict[str, Any], kept: list[tuple[int, dict[str, Any]]], result: Any,
+                  compare: Callable[..., None]) -> str | None:
+    r = rec["restore"]
+    events = f"events {rec['seq'] + 1}–{r['kept_seq']}"
+    try:
+        walked = kept_chain(path)
+    except Exception as exc:  # noqa: BLE001 - unreadable (an auditor without access, a damaged file): said, not raised
+        return f"cannot read {path}, which keeps {events}: {exc}"
+    if walked is None:
+        return f"{path}, which keeps {events}, is gone"
+    chain, hashes = walked
+    if chain.problems:
+        return f"the chain of {path} is broken: {chain.problems[0]}"
+    if (chain.head_seq, chain.head_hash) != (r["kept_seq"], r["kept_hash"]):
+        return (f"{path} ends at event {chain.head_seq} {chain.head_hash[:16]}, the restore recorded "
+                f"{r['kept_seq']} {r['kept_hash'][:16]}")
+    compare(kept, hashes, chain.head_seq, None, result, str(path))
+    return None
 
 
 def describe(rec: dict[str, Any], kept_checkpoints: int) -> dict[str, Any]:
