@@ -152,17 +152,26 @@ def telemetry_text(snap: dict[str, Any]) -> str:
     def head(name: str, doc: str) -> None:
         out.append(f"# HELP {name} {doc}\n# TYPE {name} gauge\n")
 
-    rows = [(r, ",".join(f'{k}="{_esc(r[k] or "")}"' for k in VGPU_LABELS)) for r in snap["vgpus"]]
-    head("vgpumgr_vgpu_utilization_ratio", "share of the engine's time this vGPU used (NVML)")
+    rows = [(r, ",".join(f'{k}="{_esc(r[k] or "")}"' for k in VGPU_LABELS) + ',source="host"')
+            for r in snap["vgpus"]]
+    guest = guest_rows(snap)
+    head("vgpumgr_vgpu_utilization_ratio", "share of the engine's time this vGPU used (source: host = NVML on the "
+         "host, guest = the vendor tool inside the VM, read through its guest agent)")
     for r, labels in rows:
         out.extend(f'vgpumgr_vgpu_utilization_ratio{{{labels},engine="{e}"}} {_num(v)}\n'
                    for e, v in r["util"].items() if v is not None)
+    for d, labels in guest:
+        out.extend(f'vgpumgr_vgpu_utilization_ratio{{{labels},engine="{e}"}} {_num(d["util"][k])}\n'
+                   for k, e in (("gpu", "sm"), ("memory", "mem")) if d["util"].get(k) is not None)
     for name, doc, get in _VGPU_METRICS:
         head(name, doc)
         for r, labels in rows:
             v = get(r)
             if v is not None:
                 out.append(f"{name}{{{labels}}} {_num(v)}\n")
+        key = GUEST_FB.get(name)
+        out.extend(f"{name}{{{labels}}} {d[key]}\n" for d, labels in guest if key and d.get(key) is not None)
+    guest_state_text(snap, head, out)
     head("vgpumgr_vgpu_licence_state", "the guest's licence state as its driver reports it (1: current)")
     for r, labels in rows:
         out.extend(f'vgpumgr_vgpu_licence_state{{{labels},state="{st}"}} '
@@ -188,6 +197,35 @@ def telemetry_text(snap: dict[str, Any]) -> str:
     head("vgpumgr_telemetry_sample_timestamp_seconds", "when the vGPU sample was taken")
     out.append(f'vgpumgr_telemetry_sample_timestamp_seconds{{host="{_esc(snap["host"])}"}} {_num(snap["taken"])}\n')
     return "".join(out)
+
+
+GUEST_FB = {"vgpumgr_vgpu_framebuffer_used_bytes": "memory_used_bytes",
+            "vgpumgr_vgpu_framebuffer_total_bytes": "memory_total_bytes"}
+
+
+def guest_rows(snap: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Each GPU a guest reported, with the labels of its VM's device (source="guest"); a GPU the guest listed
+    that vgpumgr cannot bind to one of the VM's devices is named by its index in the guest."""
+    out = []
+    for g in snap.get("guests") or ():
+        for d in g["gpus"]:
+            values = {"host": g["host"], "gpu": d.get("gpu"), "vm": g["vm"], "vm_uuid": g["vm_uuid"],
+                      "type": d.get("type"), "vgpu": d.get("vgpu") or f"guest:{d['index']}"}
+            out.append((d, ",".join(f'{k}="{_esc(values[k] or "")}"' for k in VGPU_LABELS) + ',source="guest"'))
+    return out
+
+
+def guest_state_text(snap: dict[str, Any], head: Any, out: list[str]) -> None:
+    guests = snap.get("guests") or ()
+    head("vgpumgr_guest_telemetry_unknown", "1: the VM's guest-side reading is unknown, and why (no-agent, blocked, "
+         "tool-missing, timed-out, refused, failed, pending)")
+    for g in guests:
+        if g["state"] != "ok":
+            out.append(f'vgpumgr_guest_telemetry_unknown{{host="{_esc(g["host"])}",vm="{_esc(g["vm"])}",'
+                       f'vm_uuid="{_esc(g["vm_uuid"] or "")}",reason="{_esc(g["reason"])}"}} 1.0\n')
+    head("vgpumgr_guest_telemetry_read_timestamp_seconds", "when the VM's guest was last read")
+    out.extend(f'vgpumgr_guest_telemetry_read_timestamp_seconds{{host="{_esc(g["host"])}",vm="{_esc(g["vm"])}",'
+               f'vm_uuid="{_esc(g["vm_uuid"] or "")}"}} {_num(g["read_at"])}\n' for g in guests if g.get("read_at"))
 
 
 class Metrics:

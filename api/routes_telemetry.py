@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from api.auth import READ, VM_WRITE, require
 from api.deps import service
+from api.schemas import GuestTelemetryChoice
 from api.tokens import Token
 from vgpumgr import ids
 from vgpumgr.service import Service
@@ -47,3 +48,25 @@ def licence_deliver(name: str, svc: Service = Depends(service), token: Token = D
                     ) -> dict[str, Any]:
     """Write the token into the running VM's guest through the QEMU guest agent and restart its licensing."""
     return svc.deliver_licence_token(name, actor=token.actor)
+
+
+@router.get("/guests/telemetry")
+def guest_telemetry_choices(svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    """Which VMs and licence pools are read from inside their guests (off where nothing is chosen)."""
+    from vgpumgr.ops import guest_watch
+
+    return guest_watch.choices(svc)
+
+
+@router.put("/guests/telemetry")
+def guest_telemetry_choose(body: GuestTelemetryChoice, svc: Service = Depends(service),
+                           token: Token = Depends(require(*VM_WRITE))) -> dict[str, Any]:
+    """Choose guest-side telemetry (through the QEMU guest agent) for one VM or one licence pool's VMs."""
+    from vgpumgr.errors import InvalidInput
+    from vgpumgr.ops import guest_watch
+
+    if (body.vm is None) == (body.pool is None):
+        raise InvalidInput("name either a VM or a pool", hint='e.g. {"vm": "cad1", "telemetry": "on"}')
+    if body.pool is not None:
+        return guest_watch.set_pool(svc, body.pool, body.telemetry, actor=token.actor)
+    return guest_watch.set_vm(svc, body.vm or "", body.telemetry, actor=token.actor)

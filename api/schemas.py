@@ -144,3 +144,11 @@ class LicencePoolChange(Strict):
 class ReconcileRequest(Strict):
     fix: bool = False
     remove_unknown: bool = False
+
+
+class GuestTelemetryChoice(Strict):
+    """For one VM or for one licence pool's VMs (exactly one of the two)."""
+
+    vm: str | None = Field(default=None, min_length=1, max_length=64)
+    pool: str | None = Field(default=None, min_length=1, max_length=64)
+    telemetry: Literal["on", "off", "default"]

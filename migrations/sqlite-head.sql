@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0013_vendor_slices: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0014_guest_telemetry: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -301,6 +301,18 @@ CREATE TABLE licence_deliveries (
 	CONSTRAINT uq_licence_deliveries_host_vm UNIQUE (host_id, vm), 
 	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
-INSERT INTO "alembic_version" VALUES('0013_vendor_slices');
+CREATE TABLE guest_telemetry (
+	id INTEGER NOT NULL, 
+	vm VARCHAR(64), 
+	pool_id INTEGER, 
+	enabled BOOLEAN NOT NULL, 
+	changed_at DATETIME NOT NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT uq_guest_telemetry_vm UNIQUE (vm), 
+	CONSTRAINT uq_guest_telemetry_pool UNIQUE (pool_id), 
+	CONSTRAINT ck_guest_telemetry_one CHECK ((vm IS NULL) <> (pool_id IS NULL)), 
+	FOREIGN KEY(pool_id) REFERENCES licence_pools (id) ON DELETE CASCADE
+);
+INSERT INTO "alembic_version" VALUES('0014_guest_telemetry');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
 INSERT INTO "vgpumgr_schema" VALUES(1,0,NULL);

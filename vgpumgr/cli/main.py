@@ -46,6 +46,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.fleet": ("fleet", "host"),
     "vgpumgr.cli.gpu": ("gpu",),
     "vgpumgr.cli.vendor": ("vendor",),
+    "vgpumgr.cli.guests": ("guests",),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 
@@ -172,7 +173,7 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
 
     p = cmd(sim, ("sim", "guest"), "vgpumgr.sim.cli:guest",
             "pretend a VM runs on a vGPU (NVML then reports it), set what its guest does, or stop it")
-    p.add_argument("action", choices=("start", "stop", "load", "licence", "list"))
+    p.add_argument("action", choices=("start", "stop", "load", "licence", "list", "agent"))
     p.add_argument("ref", nargs="?", metavar="UUID|BDF", help="the vGPU (mdev UUID or VF), or a running VM's UUID")
     p.add_argument("--vm", metavar="NAME", help="start: the libvirt domain running it (default: its record's VM)")
     p.add_argument("--load", action="append", default=[], metavar="ENGINE=PERCENT",
@@ -184,6 +185,12 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p.add_argument("--licensing", choices=("token", "never"),
                    help="start: the guest licenses once a token arrived (token) or never (never)")
     p.add_argument("--no-agent", action="store_true", help="start: the guest runs no QEMU guest agent")
+    p.add_argument("--driver", metavar="VERSION", help="start: the guest's NVIDIA driver (NVML's vGPU metadata); "
+                   "agent: the driver its nvidia-smi names")
+    p.add_argument("--exec", dest="exec_mode", metavar="MODE", default="allow",
+                   help="agent: allow, block, hang, slow, huge, malformed or no-tool (how the agent treats guest-exec)")
+    p.add_argument("--gpu-util", type=float, action="append", default=[], metavar="PERCENT",
+                   help="agent: a GPU's utilisation as the guest's nvidia-smi reports it (repeat per GPU)")
     p.add_argument("--json", action="store_true")
 
     p = cmd(sub, ("demo",), "vgpumgr.sim.demo:demo", "walk through the main job on a simulated host")

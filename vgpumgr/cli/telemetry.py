@@ -9,6 +9,8 @@ from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
 
+GUEST_WAIT_S = 12.0  # a one-shot `top` waits this long at most for the guest reads it started (deadline 10 s)
+
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(sub, ("top",), "vgpumgr.cli.telemetry:top",
@@ -44,12 +46,21 @@ def render(snap: dict[str, Any]) -> str:
     rows = [[r["vm"] or r["vm_uuid"] or "?", r["type"] or "?", r["gpu"], _pct(r["util"].get("sm")),
              _pct(r["util"].get("mem")), _pct(r["util"].get("enc")), _pct(r["util"].get("dec")),
              f"{_gib(r['fb_used_bytes'])}/{_gib(r['fb_total_bytes'])}", r["licence"]["state"],
-             r["seat"] or "-", _share(r.get("scheduler"))] for r in snap["vgpus"]]
-    head = ["VM", "TYPE", "GPU", "SM%", "MEM%", "ENC%", "DEC%", "FB GiB", "GUEST LICENCE", "SEAT", "SHARE%/PROMISED"]
+             r["seat"] or "-", _share(r.get("scheduler")), "host"] for r in snap["vgpus"]]
+    guests = snap.get("guests") or []
+    rows += [[g["vm"], d.get("type") or "?", d.get("gpu") or f"guest:{d['index']}", _pct(d["util"].get("gpu")),
+              _pct(d["util"].get("memory")), "-", "-",
+              f"{_gib(d['memory_used_bytes'])}/{_gib(d['memory_total_bytes'])}", "-", "-", "-", "guest"]
+             for g in guests for d in g["gpus"]]
+    head = ["VM", "TYPE", "GPU", "SM%", "MEM%", "ENC%", "DEC%", "FB GiB", "GUEST LICENCE", "SEAT", "SHARE%/PROMISED",
+            "SOURCE"]
     import io
 
     buf = io.StringIO()
     table(buf, head, rows, empty="no running vGPU (NVML lists none)")
+    for g in guests:
+        if g["state"] != "ok":
+            buf.write(f"{g['vm']}: guest reading unknown: {g['why']}\n")
     for a in snap["absent"]:
         buf.write(f"{a['reason']}\n")
     for n in snap["notices"]:
@@ -60,7 +71,7 @@ def render(snap: dict[str, Any]) -> str:
 def top(args: argparse.Namespace, out: TextIO) -> int:
     svc = _service(args)
     if args.json or args.once:
-        snap = svc.telemetry(args.gpu)
+        snap = svc.telemetry(args.gpu, guest_wait=GUEST_WAIT_S)
         dump_json(out, snap) if args.json else out.write(render(snap))
         return 0
     if args.interval <= 0:
@@ -69,7 +80,7 @@ def top(args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidInput(f"--interval {args.interval} is not a positive number of seconds", hint="e.g. --interval 2")
     try:
         while True:
-            snap = svc.telemetry(args.gpu)
+            snap = svc.telemetry(args.gpu, guest_wait=0)
             stamp = time.strftime("%H:%M:%S", time.localtime(snap["taken"]))
             out.write("\x1b[H\x1b[2J" + f"vgpumgr top - {snap['host']} {stamp}  ({len(snap['vgpus'])} vGPUs, "
                       f"every {args.interval:g} s, Ctrl-C quits)\n\n" + render(snap))

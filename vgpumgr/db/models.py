@@ -478,3 +478,19 @@ class FleetCapacity(Base):
     free: Mapped[int] = mapped_column(Integer)
     used: Mapped[int] = mapped_column(Integer)
     max: Mapped[int | None] = mapped_column(Integer)
+
+
+class GuestTelemetry(Base):
+    """Whether vgpumgr may read a VM's GPUs from inside its guest (through the guest agent): chosen for one VM
+    (`vm` set) or for the VMs holding a seat of one licence pool (`pool_id` set). Off where nothing is chosen."""
+
+    __tablename__ = "guest_telemetry"
+    __table_args__ = (UniqueConstraint("vm", name="uq_guest_telemetry_vm"),
+                      UniqueConstraint("pool_id", name="uq_guest_telemetry_pool"),
+                      CheckConstraint("(vm IS NULL) <> (pool_id IS NULL)", name="ck_guest_telemetry_one"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    vm: Mapped[str | None] = mapped_column(String(64))
+    pool_id: Mapped[int | None] = mapped_column(ForeignKey("licence_pools.id", ondelete="CASCADE"))
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

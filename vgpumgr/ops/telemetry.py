@@ -22,9 +22,24 @@ def _reader(svc: Context) -> Reader:
     return reader
 
 
-def telemetry(svc: Context, gpu: str | None = None) -> dict[str, Any]:
-    """Every running vGPU of this host now (only those on `gpu` when given)."""
-    snap = snapshot.take(svc, _reader(svc))
+def guest_sampler(svc: Context) -> Any:
+    """This process's guest-side reader (its threads start on first use)."""
+    sampler = getattr(svc, "_guest_sampler", None)
+    if sampler is None:
+        from vgpumgr.telemetry.guest_sampler import GuestSampler
+
+        sampler = svc._guest_sampler = GuestSampler(svc)  # type: ignore[attr-defined]
+    return sampler
+
+
+def telemetry(svc: Context, gpu: str | None = None, *, guest_wait: float | None = None) -> dict[str, Any]:
+    """Every running vGPU of this host now (only those on `gpu` when given), and the guest-side readings this
+    process has. `guest_wait` (a CLI without the service): hand out the due guest reads, and wait at most that
+    many seconds for them (0: do not wait; `top` shows them on its next refresh)."""
+    guests = guest_sampler(svc)
+    if guest_wait is not None:
+        guests.settle(guest_wait)
+    snap = snapshot.take(svc, _reader(svc), guests.readings())
     from vgpumgr.ops import licence_delivery
 
     licence_delivery.note_licensed(svc, snap)

@@ -88,6 +88,8 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
     try:
         if args.action == "list":
             res: object = guests.running(root)
+        elif args.action == "agent":
+            res = _agent(cfg, args)
         elif not args.ref:
             raise InvalidInput(f"`sim guest {args.action}` needs the vGPU", hint="give its mdev UUID or VF address")
         elif args.action == "start":
@@ -123,8 +125,28 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
                for g in res],  # type: ignore[attr-defined]
               empty="no simulated guest runs (`vgpumgr sim guest start UUID|BDF` starts one)")
     else:
-        out.write(f"guest {args.action}: {args.ref}\n")
+        out.write(f"guest {args.action}: {args.ref or args.vm}\n")
     return 0
+
+
+def _agent(cfg: Config, args: argparse.Namespace) -> dict[str, object]:
+    """`sim guest agent --vm NAME`: how the VM's guest agent and vendor tool answer guest-side telemetry (any VM:
+    a passthrough GPU's guest too, which NVML does not see)."""
+    from vgpumgr.service import Service
+    from vgpumgr.sim import guest_agent, guest_tools
+
+    if not args.vm:
+        raise InvalidInput("`sim guest agent` needs --vm NAME", hint="the libvirt domain whose guest this is")
+    uuid = next((d["uuid"] for d in Service(cfg).list_vms() if d["name"] == args.vm), None)
+    if uuid is None:
+        raise NotFound(f"no libvirt domain {args.vm}", hint="give --vm NAME of a defined VM")
+    d = guest_agent.guest_dir(cfg.state_dir / "libvirt-test", uuid.lower())
+    if guest_agent.describe(d) is None:
+        guest_agent.define(cfg.state_dir / "libvirt-test", uuid.lower(),
+                           os_id={"linux": "debian", "windows": "mswindows"}[args.os or "linux"],
+                           agent=not args.no_agent)
+    gpus = [{"util": u, "mem_util": 1, "mem_used": 1024, "mem_total": 24576} for u in args.gpu_util] or None
+    return guest_tools.configure(d, exec_mode=args.exec_mode, gpus=gpus, driver=args.driver or "580.65.06")
 
 
 def _boot_guest(cfg: Config, args: argparse.Namespace, vm: dict[str, str | None]) -> object:

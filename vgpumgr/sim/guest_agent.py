@@ -24,6 +24,7 @@ from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from vgpumgr.errors import Unavailable, VgpuError
+from vgpumgr.sim import guest_tools
 
 GUEST_FILE = "guest.json"
 WINDOWS_IDS = ("mswindows",)
@@ -89,16 +90,22 @@ class SimAgent:
             yield state
             path.write_text(json.dumps(state))
 
-    def execute(self, vm: str, message: dict[str, Any]) -> Any:
+    def execute(self, vm: str, message: dict[str, Any], timeout: float = 10) -> Any:
         info = describe(self.dir)
         if info is None or not info.get("agent", True):
             raise Unavailable(f"guest agent of VM '{vm}' ({message.get('execute')}): Guest agent is not responding: "
                               "QEMU guest agent is not connected",
                               hint="install and start the QEMU guest agent in the guest (qemu-guest-agent)")
         command, args = message.get("execute"), message.get("arguments") or {}
+        if guest_tools.tools(info)["exec"] == "hang":
+            guest_tools.hang(self.dir, timeout)
+            raise Unavailable(f"guest agent of VM '{vm}' ({command}): Guest agent is not responding: Guest agent not "
+                              "available for now", hint="the guest's agent does not answer")
         handler = getattr(self, "_" + str(command).replace("-", "_"), None)
         if handler is None:
             self._fail(vm, command, f"The command {command} has not been found")
+        if command in ("guest-exec", "guest-exec-status") and guest_tools.tools(info)["exec"] == "block":
+            self._fail(vm, command, f"Command {command} has been disabled")
         try:
             return handler(info, args)
         except (OSError, ValueError, KeyError) as exc:
@@ -110,8 +117,9 @@ class SimAgent:
                         f"command '{command}': {desc}", hint="the guest's agent refused; see its message")
 
     def _guest_info(self, info: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+        blocked = ("guest-exec", "guest-exec-status") if guest_tools.tools(info)["exec"] == "block" else ()
         return {"version": "7.2.0", "supported_commands": [
-            {"name": n, "enabled": True, "success-response": True}
+            {"name": n, "enabled": n not in blocked, "success-response": True}
             for n in ("guest-info", "guest-get-osinfo", "guest-file-open", "guest-file-write", "guest-file-close",
                       "guest-exec", "guest-exec-status")]}
 
@@ -155,6 +163,9 @@ class SimAgent:
         """Only what a licence delivery runs: a service restart (systemctl on Linux, PowerShell's Restart-Service
         on Windows). Anything else exits 127 as a shell would for an unknown command."""
         argv = [args["path"], *args.get("arg", [])]
+        tool = guest_tools.run(info, argv)
+        if tool is not None:
+            return self._started(tool, guest_tools.tools(info))
         code, service = 127, None
         if not is_windows(info) and Path(argv[0]).name == "systemctl" and len(argv) == 3 \
                 and argv[1] in ("restart", "try-restart"):
@@ -174,9 +185,23 @@ class SimAgent:
             st["exec"][str(pid)] = code
         return {"pid": pid}
 
+    def _started(self, tool: tuple[int, bytes], tools: dict[str, Any]) -> dict[str, Any]:
+        code, out = tool
+        ends = time.time() + (tools["slow_s"] if tools["exec"] == "slow" else 0.0)
+        with self._state() as st:
+            pid = st["next"]
+            st["next"] += 1
+            st["exec"][str(pid)] = {"code": code, "out": base64.b64encode(out).decode(), "ends": ends}
+        return {"pid": pid}
+
     def _guest_exec_status(self, info: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
         with self._state() as st:
-            code = st["exec"].get(str(args["pid"]))
-        if code is None:
+            rec = st["exec"].get(str(args["pid"]))
+            if isinstance(rec, dict) and rec["ends"] > time.time():
+                return {"exited": False}
+            st["exec"].pop(str(args["pid"]), None)  # QEMU frees the record once it reported the exit
+        if rec is None:
             raise ValueError(f"Invalid parameter 'pid' ({args['pid']})")
-        return {"exited": True, "exitcode": code}
+        if isinstance(rec, dict):
+            return {"exited": True, "exitcode": rec["code"], "out-data": rec["out"], "out-truncated": False}
+        return {"exited": True, "exitcode": rec}

@@ -42,10 +42,13 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._log_thread: threading.Thread | None = None
         self.notices_said: set[str] = set()
+        from vgpumgr.telemetry.guest_sampler import GuestSampler
+
+        self.guests = GuestSampler(svc)
 
     def sample(self) -> dict[str, Any]:
         with self._lock:  # one reader, one pass at a time
-            snap = snapshot.take(self.svc, self.reader)
+            snap = snapshot.take(self.svc, self.reader, self.guests.readings())
             from vgpumgr.ops import licence_delivery
 
             licence_delivery.note_licensed(self.svc, snap)
@@ -71,9 +74,11 @@ class Sampler:
             self._thread.start()
             self._log_thread = threading.Thread(target=self._poll_logs, name="vgpumgr-scheduler-log", daemon=True)
             self._log_thread.start()
+            self.guests.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.guests.stop()
         for t in (self._thread, self._log_thread):
             if t is not None:
                 t.join(timeout=5)

@@ -49,8 +49,9 @@ def _match(r: VgpuReading, vm_name: str | None, by_ref: dict[str, dict[str, Any]
     return None
 
 
-def take(svc: Context, reader: Reader) -> dict[str, Any]:
-    """The snapshot as plain data (JSON-ready): {"taken", "host", "vgpus": [...], "gpus": [...], "absent": [...]}."""
+def take(svc: Context, reader: Reader, guests: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The snapshot as plain data (JSON-ready): {"taken", "host", "vgpus": [...], "gpus": [...], "absent": [...],
+    "guests": [...]}; `guests`: the guest-side readings' cache (vgpumgr.telemetry.guest_sampler), copied as is."""
     taken = time.time()
     gpus, notices = reader.read()
     records = live_records(svc)
@@ -66,7 +67,8 @@ def take(svc: Context, reader: Reader) -> dict[str, Any]:
             rows.append(_row(svc.hostname, r, vm_name or (a or {}).get("vm"), a))
     return {"taken": taken, "host": svc.hostname, "vgpus": sorted(rows, key=lambda x: -x["load"]),
             "gpus": _gpu_rows(svc, gpus, rows), "notices": notices,
-            "absent": [{"gpu": g.address, "reason": g.absent} for g in gpus if g.absent]}
+            "absent": [{"gpu": g.address, "reason": g.absent} for g in gpus if g.absent],
+            "guests": [{**r, "host": svc.hostname} for r in guests or ()]}
 
 
 def _row(host: str, r: VgpuReading, vm: str | None, a: dict[str, Any] | None) -> dict[str, Any]:
@@ -79,7 +81,8 @@ def _row(host: str, r: VgpuReading, vm: str | None, a: dict[str, Any] | None) ->
         "fb_used_bytes": r.fb_used_bytes, "fb_total_bytes": r.fb_total_bytes,
         "encoder": {"sessions": r.encoder_sessions, "fps": r.encoder_fps, "latency_s": r.encoder_latency_s},
         "fbc": {"sessions": r.fbc_sessions, "fps": r.fbc_fps, "latency_s": r.fbc_latency_s},
-        "frame_rate_limit": r.frame_rate_limit, "gpu_instance": r.gpu_instance, "guest_driver": r.guest_driver,
+        "source": "host", "frame_rate_limit": r.frame_rate_limit, "gpu_instance": r.gpu_instance,
+        "guest_driver": r.guest_driver,
         "licence": {"state": r.licence_state, "licensed": r.licensed, "expiry": r.licence_expiry},
         "scheduler": r.scheduler,
         "absent": r.absent,

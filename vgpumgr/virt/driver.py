@@ -346,7 +346,7 @@ class Virt:
                            hint=f"start it first (`vgpumgr vm start {name}`)")
         message = {"execute": command, **({"arguments": arguments} if arguments else {})}
         if self.uri.startswith("test:///"):
-            return self._test_agent(name, dom).execute(name, message)
+            return self._test_agent(name, dom).execute(name, message, timeout=timeout)
         try:
             import libvirt_qemu
         except ImportError as exc:  # pragma: no cover - shipped with libvirt-python
