@@ -70,3 +70,13 @@ def guest_telemetry_choose(body: GuestTelemetryChoice, svc: Service = Depends(se
     if body.pool is not None:
         return guest_watch.set_pool(svc, body.pool, body.telemetry, actor=token.actor)
     return guest_watch.set_vm(svc, body.vm or "", body.telemetry, actor=token.actor)
+
+
+@router.post("/guests/check")
+def guests_check(svc: Service = Depends(service), driver: str | None = Query(default=None, max_length=32),
+                 token: Token = Depends(require(*READ))) -> dict[str, Any]:
+    """Every vGPU VM whose guest driver the host driver (or the planned `driver`) does not accept; new findings
+    are audited once."""
+    from vgpumgr.ops import guest_check
+
+    return guest_check.check(svc, driver, actor=token.actor)

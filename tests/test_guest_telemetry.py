@@ -285,3 +285,6 @@ def test_rest_chooses_per_vm_and_pool_and_checks_the_guests(lab: tuple[Service, 
     assert both.status_code == 400 and "either a VM or a pool" in both.text
     assert client.put("/v1/guests/telemetry", json={"vm": "pt", "telemetry": "yes"}).status_code == 422
     assert client.put("/v1/guests/telemetry", json={"pool": "nope", "telemetry": "on"}).status_code == 404
+    res = client.post("/v1/guests/check", params={"driver": "595.58.02"})
+    assert res.status_code == 200 and res.json()["findings"] == []  # a passthrough VM has no vGPU metadata
+    assert client.post("/v1/guests/check", params={"driver": "x"}).status_code == 400

@@ -4,6 +4,7 @@ fits the host's driver (now, or after a planned driver)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
@@ -18,6 +19,11 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("choice", nargs="?", choices=("on", "off", "default"),
                    help="on, off, or default (its pool's choice, else off)")
     p.add_argument("--pool", metavar="POOL", help="choose for the VMs holding a seat of this licence pool")
+    p.add_argument("--json", action="store_true")
+    p = cmd(g, ("guests", "check"), "vgpumgr.cli.guests:check",
+            "every vGPU VM whose guest driver the host driver does not accept (or would not after --driver); "
+            "exit 10 when one is found")
+    p.add_argument("--driver", metavar="VERSION", help="a planned host driver, e.g. 595.58.02")
     p.add_argument("--json", action="store_true")
 
 
@@ -50,3 +56,25 @@ def telemetry(args: argparse.Namespace, out: TextIO) -> int:
     rows += [["pool", k, "on" if v else "off"] for k, v in sorted(res["pools"].items())]
     table(out, ["FOR", "NAME", "GUEST TELEMETRY"], rows, empty="no VM or pool is read from inside (off by default)")
     return 0
+
+
+def check(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.ops import guest_check
+
+    res = guest_check.check(_service(args), args.driver)
+    if args.json:
+        dump_json(out, res)
+    else:
+        rows = [[f["vm"] or f["vm_uuid"] or "?", f["gpu"], f["guest_driver"], f["host_driver"], f["source"],
+                 f["reason"]] for f in res["findings"]]
+        target = f"the planned driver {args.driver}" if args.driver else f"the host's driver {res['host_driver']}"
+        table(out, ["VM", "GPU", "GUEST DRIVER", "HOST DRIVER", "BY", "WHY"], rows,
+              empty=f"every guest driver reported fits {target} ({len(res['vgpus'])} running vGPU(s))")
+        waiting = [r for r in res["vgpus"] if r["accepted"] is None]
+        for r in waiting:
+            out.write(f"{r['vm'] or r['vm_uuid'] or r['instance']}: not judged: {r['reason']}\n")
+        if res["absent"]:
+            out.write(f"{res['absent']}\n")
+        if res["newly_audited"]:
+            sys.stderr.write(f"{len(res['newly_audited'])} new finding(s) audited as guest.driver.incompatible\n")
+    return 10 if res["findings"] else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vgpumgr import nvml_driver_window as driver_window
 from vgpumgr.ids import parse_type_name
 
 # why a migration is not possible, as NVML's limit codes name it (plus the type, which NVML never sees:
@@ -87,6 +88,10 @@ def live_migration(vgpu: MigratingVgpu, gpu: CandidateGpu, offered_type: str | N
         return Verdict(False, LIMIT_GPU, f"{gpu.address} is another board ({_board(gpu.device_id, gpu.gpu_name)}) "
                                          f"than the source's ({_board(vgpu.device_id, vgpu.gpu_name)}); NVIDIA "
                                          "migrates a vGPU only between GPUs of the same board")
+    if vgpu.guest_driver and gpu.host_driver:
+        accepted = driver_window.accepts(gpu.host_driver, vgpu.guest_driver)
+        if accepted.ok is False:
+            return Verdict(False, LIMIT_GUEST_DRIVER, f"{gpu.address}: {accepted.reason}")
     if vgpu.host_driver and gpu.host_driver and vgpu.host_driver != gpu.host_driver:
         return Verdict(False, LIMIT_HOST_DRIVER,
                        f"the vGPU manager differs: {gpu.host_driver} on {gpu.address}, {vgpu.host_driver} at the "

@@ -96,7 +96,10 @@ def verdict(layer: NvmlLayer | None, candidate: compat.CandidateGpu, vgpu: compa
         return dataclasses.replace(rules, note=f"NVML cannot compare here ({exc})")
     except VgpuError as exc:  # the layer's NotFound: NVML does not see this GPU
         return dataclasses.replace(rules, note=exc.message)
-    return compat.from_nvml(int(answer.vgpuVmCompatibility), int(answer.compatibilityLimitCode))
+    said = compat.from_nvml(int(answer.vgpuVmCompatibility), int(answer.compatibilityLimitCode))
+    if not said.live and said.limit == rules.limit == compat.LIMIT_GUEST_DRIVER:  # NVML names no versions
+        return dataclasses.replace(said, reason=f"{said.reason}: {rules.reason}")
+    return said
 
 
 def candidate(layer: NvmlLayer | None, address: str, device_id: str | None, name: str | None) -> compat.CandidateGpu:

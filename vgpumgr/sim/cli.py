@@ -95,8 +95,8 @@ def guest(args: argparse.Namespace, out: TextIO) -> int:
         elif args.action == "start":
             vm = _vm_of(cfg, args)
             # a VM vgpumgr started runs as its guest already: --os/--licensing then give that guest its OS
-            res = guests.start(root, args.ref, **vm, guest_dir=_boot_guest(cfg, args, vm),
-                               again=args.os is not None or args.licensing is not None)
+            res = guests.start(root, args.ref, **vm, guest_dir=_boot_guest(cfg, args, vm), guest_driver=args.driver,
+                               again=args.os is not None or args.licensing is not None or args.driver is not None)
         elif args.action == "stop":
             res = guests.stop(root, args.ref)
         elif args.action == "load":

@@ -93,6 +93,8 @@ def start(root: str | Path, ref: str, *, vm_uuid: str, vm_name: str | None = Non
         same = [i for i in actives
                 if (mdev_uuid and i["mdev_uuid"] == mdev_uuid) or (vf and not mdev_uuid and i["vf"] == vf)]
         if same and same[0]["vm_uuid"] == vm_uuid and again:
+            if guest_driver is not None:  # the guest's driver loaded (or changed) now
+                same[0]["guest_driver"] = guest_driver
             if guest_dir is not None:  # its guest OS, given now (`sim guest start --os ...` after `vm start`)
                 same[0]["guest_dir"] = str(guest_dir)
                 same[0]["booted"] = time.time()  # the guest's services start now: they read the token from here on
