@@ -2,7 +2,8 @@
 """Run every benchmark once and print one table: what, measured, target, ratio (measured/target, or the
 comparison's own ratio), met or missed. `scripts/bench_all` runs this with the checkout's venv.
 
-    scripts/bench_all [--quick] [--json] [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet,mixed]
+    scripts/bench_all [--quick] [--json]
+        [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry,guest,fleet,mixed]
 
 Takes several minutes (the fleet's 1,000 hosts about two of them; `--quick` about half). The benchmarks
 are the scripts beside this one, run as separate processes with --json; a benchmark that cannot run (no
@@ -226,6 +227,20 @@ def telemetry_rows(samples: int) -> list[Row]:
                     f" (p50 {r['scrape_p50_ms']:.1f} ms, {r['scrape_bytes'] / 1e3:.0f} kB)")]
 
 
+def guest_rows(scrapes: int) -> list[Row]:
+    r, why = bench("bench_guest.py", "--scrapes", str(scrapes), timeout=900)
+    what_cpu = "guest telemetry: 32 VMs read through their agents every 30 s, share of one core"
+    what_hung = "guest telemetry: /metrics p99 with one agent hung, against every agent answering"
+    if r is None:
+        return [skipped(what_cpu, "<= 1 %", why), skipped(what_hung, "<= p99 x 1.2 (or + 2 ms)", why)]
+    allowed = max(r["scrape_p99_ms"] * 1.2, r["scrape_p99_ms"] + 2)
+    return [at_most(what_cpu, r["cpu_pct_of_one_core"], r["target_cpu_pct"], "%", ".2f",
+                    f" ({r['pass_cpu_ms']:.0f} ms CPU per pass)"),
+            at_most(what_hung, r["hung_scrape_p99_ms"], allowed, "ms", ".1f",
+                    f" (every agent answering: p99 {r['scrape_p99_ms']:.1f} ms; guest telemetry off: "
+                    f"{r['off_scrape_p99_ms']:.1f} ms)")]
+
+
 def mixed_rows(seeds: int) -> list[Row]:
     """Mixed-size vGPU packing (bench_mixed.py): VMs placed before the first refusal, vgpumgr's policy (c) over
     the driver's first-free (b), summed over the seeded traces of each GPU size and mix."""
@@ -262,7 +277,7 @@ def table(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs, seconds and runs (about a minute)")
-    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate,telemetry,fleet,mixed",
+    ap.add_argument("--only", default="allocate,floor,api,vm,discovery,demo,migrate,telemetry,guest,fleet,mixed",
                     help="comma-separated subset")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args()
@@ -285,6 +300,8 @@ def main() -> int:
         rows += migrate_rows(10 if a.quick else 30)
     if "telemetry" in only:
         rows += telemetry_rows(5 if a.quick else 20)
+    if "guest" in only:
+        rows += guest_rows(50 if a.quick else 200)
     if "fleet" in only:
         rows += fleet_rows(100 if a.quick else 200, 40 if a.quick else 100)
     if "mixed" in only:

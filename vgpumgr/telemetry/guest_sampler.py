@@ -48,6 +48,8 @@ class GuestSampler:
         self._due: dict[str, float] = {}
         self._inflight: dict[str, float] = {}  # VM name -> when its read began
         self._os: dict[str, str] = {}  # VM uuid -> the guest's OS id (asked once per VM)
+        self._vendors: dict[str, str] = {}
+        self._local = threading.local()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reads = 0
@@ -102,15 +104,29 @@ class GuestSampler:
         """VM -> its recorded devices (GPU address, vGPU, type, vendor), in a stable order."""
         from vgpumgr.telemetry.snapshot import live_records
 
-        vendor_of = {g.address: g.vendor_id for g in self.svc.snapshot().inventory.gpus}
         out: dict[str, list[dict[str, Any]]] = {}
         for a in live_records(self.svc):
             if a["vm"] in vms:
                 gpu = a.get("gpu") or a.get("parent") or a.get("pci_address")
+                vendor = self._vendor(gpu)
                 out.setdefault(a["vm"], []).append({
                     "gpu": gpu, "vgpu": a.get("uuid") or a.get("pci_address"), "type": a.get("type_name") or a["type"],
-                    "vendor": VENDORS.get(vendor_of.get(gpu or "", "10de"), vendor_of.get(gpu or "", "10de"))})
+                    "vendor": VENDORS.get(vendor, vendor)})
         return {vm: sorted(d, key=lambda x: str(x["vgpu"])) for vm, d in out.items()}
+
+    def _vendor(self, address: str | None) -> str:
+        """The PCI vendor of a recorded device's GPU, from sysfs (once per address)."""
+        from vgpumgr import ids
+
+        if not address or not ids.is_pci_address(address):
+            return "10de"
+        if address not in self._vendors:
+            try:
+                raw = (self.svc.cfg.host.pci(address) / "vendor").read_text().strip()
+            except OSError:
+                raw = "0x10de"
+            self._vendors[address] = raw.removeprefix("0x").lower()
+        return self._vendors[address]
 
     def _read(self, vm: str, vm_uuid: str, where: str, devices: list[dict[str, Any]]) -> None:
         began = time.monotonic()
@@ -132,16 +148,30 @@ class GuestSampler:
                 self._due[vm] = time.monotonic() + min(self.interval * (10 if slow else 1), 600.0 if slow else 3600)
 
     def _read_one(self, vm: str, vm_uuid: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+        from vgpumgr.errors import NotFound
+
         vendors = {d["vendor"] for d in devices} or {"nvidia"}
         vendor = sorted(vendors)[0]
-        with self.svc.virt() as v:
-            def agent(command: str, arguments: dict[str, Any] | None, timeout: int) -> Any:
-                return v.agent(vm, command, arguments, timeout=timeout)
 
-            reading = guest_exec.read(agent, vendor, deadline_s=self.deadline_s, os_id=self._os.get(vm_uuid))
+        def agent(command: str, arguments: dict[str, Any] | None, timeout: int) -> Any:
+            try:
+                return self._virt().agent(vm, command, arguments, timeout=timeout)
+            except NotFound:  # a VM this thread's connection has not seen yet: connect again, once
+                self._local.virt.close()
+                return self._virt().agent(vm, command, arguments, timeout=timeout)
+
+        reading = guest_exec.read(agent, vendor, deadline_s=self.deadline_s, os_id=self._os.get(vm_uuid))
         if reading.get("os"):
             self._os[vm_uuid] = reading["os"]
         return reading
+
+    def _virt(self) -> Any:
+        """This reader thread's libvirt connection, kept between reads (a connection per read costs more than
+        the read)."""
+        v = getattr(self._local, "virt", None)
+        if v is None:
+            v = self._local.virt = self.svc.virt()
+        return v
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,7 +198,7 @@ class GuestSampler:
                 self.plan()
             except Exception:  # noqa: BLE001 - a failed pass must not end the sampling
                 log.exception("guest telemetry planning failed")
-            self._stop.wait(min(self.interval / 3, 5.0))
+            self._stop.wait(min(self.interval / 3, 10.0))
 
 
 def _bind(gpus: list[dict[str, Any]], devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
