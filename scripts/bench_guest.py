@@ -31,8 +31,8 @@ from benchkit import REPO, pct, service
 sys.path.insert(0, str(REPO))
 
 from vgpumgr.config import Config  # noqa: E402
+from vgpumgr.fleet.remote import UnixHTTPConnection  # noqa: E402
 from vgpumgr.ops import guest_watch  # noqa: E402
-from vgpumgr.remote import UnixHTTPConnection  # noqa: E402
 from vgpumgr.service import Service  # noqa: E402
 from vgpumgr.sim import guest_agent, guest_tools, profiles  # noqa: E402
 from vgpumgr.telemetry.guest_sampler import GuestSampler  # noqa: E402

@@ -12,9 +12,9 @@ import pytest
 from migration_hosts import SimHost, sim_hosts
 from simhost import run
 
-from vgpumgr import compat
-from vgpumgr import nvml_driver_window as window
-from vgpumgr.remote import Remote
+from vgpumgr.fleet.remote import Remote
+from vgpumgr.nvidia import compat
+from vgpumgr.nvidia import driver_window as window
 from vgpumgr.sim import guests, profiles
 from vgpumgr.sim.nvml import write_state
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,23 @@ def test_each_failure_is_unknown_with_its_reason(agent: Agent, reason: str) -> N
         assert [c for c, _ in agent.sent] == ["guest-info"]  # a blocked guest-exec is not even tried
 
 
+def test_a_tool_past_the_deadline_is_polled_once_at_the_next_read_so_the_agent_frees_it() -> None:
+    class Stuck(Agent):
+        def __call__(self, command: str, arguments: dict[str, Any] | None, timeout: int) -> Any:
+            if command == "guest-exec-status" and self.stuck:
+                self.sent.append((command, arguments))
+                return {"exited": False}
+            return super().__call__(command, arguments, timeout)
+
+    agent = Stuck()
+    agent.stuck = True
+    res = guest_exec.read(agent, deadline_s=0.3, sleep=lambda s: None)
+    assert (res["reason"], res["left_pid"]) == ("timed-out", 7) and res["gpus"] == []
+    agent.stuck, agent.sent = False, []
+    assert guest_exec.read(agent, left_pid=7)["state"] == "ok"
+    assert agent.sent[:2] == [("guest-info", None), ("guest-exec-status", {"pid": 7})]
+
+
 # -- the simulator: a passthrough GPU read from its guest --------------------------------------------
 def host(tmp_path: Path) -> tuple[Service, Path]:
     root = profiles.create(tmp_path / "sim", "mixed", vfs=8)
@@ -145,13 +163,14 @@ def of(m: dict[Any, float], name: str, **labels: str) -> dict[tuple[tuple[str, s
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> tuple[Service, TestClient]:
+def lab(tmp_path: Path) -> Iterator[tuple[Service, TestClient]]:
     svc, _root = host(tmp_path)
     svc.create_vm("pt", passthrough=[T4], start=True)
     guest_tools.configure(guest_of(svc, "pt"), gpus=[{"util": 37, "mem_util": 4, "mem_used": 2048,
                                                       "mem_total": 15360}])
     app = create_app(svc.cfg, service=svc, watch=False)
-    return svc, TestClient(app)
+    yield svc, TestClient(app)
+    app.state.sampler.guests.stop()  # its libvirt connections would keep this test's domains alive
 
 
 def test_guest_telemetry_is_off_until_chosen_then_a_passthrough_vm_shows_with_source_guest(
@@ -196,7 +215,7 @@ def test_top_shows_the_guest_reading_with_its_source(tmp_path: Path) -> None:
 def test_a_pool_chooses_for_the_vms_holding_its_seats_and_a_vm_may_say_no(tmp_path: Path) -> None:
     svc, _root = host(tmp_path)
     with svc.tx() as s:
-        from vgpumgr import licensing
+        from vgpumgr.licensing import seats as licensing
 
         licensing.add_pool(s, name="vws", edition_name="vWS", seats=4)
     svc.create_vm("a", passthrough=[T4], start=True)

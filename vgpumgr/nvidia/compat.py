@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vgpumgr import nvml_driver_window as driver_window
 from vgpumgr.ids import parse_type_name
+from vgpumgr.nvidia import driver_window
 
 # why a migration is not possible, as NVML's limit codes name it (plus the type, which NVML never sees:
 # a vGPU is only ever compared with GPUs that offer its type)

@@ -5,7 +5,7 @@ accept after a planned host driver (`--driver`), before the VM fails with "Incom
 Per running vGPU, NVML's metadata (`nvmlVgpuInstanceGetMetadata`) gives the guest driver's version and whether
 the guest has reported it yet (`guestInfoState`); for this host's own driver NVML's answer decides where it gives
 one (`nvmlDeviceGetVgpuMetadata` + `nvmlGetVgpuCompatibility`: a VM that may not even cold-boot here, limited by
-the guest driver); otherwise, and always for a planned driver, NVIDIA's rule (vgpumgr.nvml_driver_window).
+the guest driver); otherwise, and always for a planned driver, NVIDIA's rule (vgpumgr.nvidia.driver_window).
 A finding is audited once (`guest.driver.incompatible`), not again on every run.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from vgpumgr import audit
-from vgpumgr import nvml_driver_window as window
+from vgpumgr.audit import chain as audit
+from vgpumgr.nvidia import driver_window as window
 from vgpumgr.ops.context import WARNING, Context
 
 FINDING = "guest.driver.incompatible"
@@ -66,7 +66,7 @@ def _nvml_answer(n: Any, handle: Any, meta: Any) -> tuple[bool | None, str]:
 
 def rows(svc: Context, planned: str | None = None) -> dict[str, Any]:
     """Every running vGPU with its guest driver and the verdict for the host's driver (or `planned`)."""
-    from vgpumgr.nvml_facts import nvml_layer
+    from vgpumgr.nvidia.facts import nvml_layer
 
     layer = nvml_layer(svc.cfg)
     if layer is None or not layer.open():

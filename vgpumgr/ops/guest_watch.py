@@ -13,9 +13,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from vgpumgr import ids, licensing
+from vgpumgr import ids
 from vgpumgr.db.models import GuestTelemetry, LicenceLease, Vm
 from vgpumgr.errors import InvalidInput
+from vgpumgr.licensing import seats as licensing
 from vgpumgr.ops.context import Context
 
 SET = "guest.telemetry.set"

@@ -39,6 +39,8 @@ def telemetry(svc: Context, gpu: str | None = None, *, guest_wait: float | None 
     guests = guest_sampler(svc)
     if guest_wait is not None:
         guests.settle(guest_wait)
+        if guest_wait > 0:  # a one-shot caller: no connection outlives its answer
+            guests.close_idle()
     snap = snapshot.take(svc, _reader(svc), guests.readings())
     from vgpumgr.ops import licence_delivery
 

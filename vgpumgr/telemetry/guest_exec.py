@@ -52,24 +52,33 @@ def unknown(reason: str, detail: str = "") -> dict[str, Any]:
 
 
 def read(agent: Callable[..., Any], vendor: str = "nvidia", *, deadline_s: float = 10.0, os_id: str | None = None,
-         sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    """`agent(command, arguments, timeout)` sends one agent command (vgpumgr.virt's agent, bound to one VM).
-    Returns {"state": "ok", "gpus": [...], "os": ...} or unknown(reason)."""
+         left_pid: int | None = None, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """`agent(command, arguments, timeout)` sends one agent command (vgpumgr.virt.driver's agent, bound to one VM).
+    Returns {"state": "ok", "gpus": [...], "os": ...} or unknown(reason); "left_pid": a tool still running when the
+    deadline passed, whose record the agent keeps until it is polled (`left_pid` of the next read polls it once)."""
     end = time.monotonic() + deadline_s
+    pid = None
     try:
         _allowed(_call(agent, "guest-info", None, end))
+        if left_pid is not None:
+            try:  # qemu-ga frees an exec record only once its exit was reported
+                _call(agent, "guest-exec-status", {"pid": left_pid}, end)
+            except Unknown:
+                pass
         if os_id is None:
             os_id = str((_call(agent, "guest-get-osinfo", None, end) or {}).get("id", ""))
         path, args, parse = _command(vendor, os_id)
         started = _call(agent, "guest-exec", {"path": path, "arg": list(args), "capture-output": True}, end)
         pid = started.get("pid") if isinstance(started, dict) else None
         if not isinstance(pid, int):
+            pid = None
             raise Unknown("refused", "guest-exec gave no pid")
         status = _wait(agent, pid, end, sleep)
+        pid = None  # reported as exited: the agent freed its record
         out = _output(status)
         return {"state": "ok", "gpus": parse(out), "os": os_id, "reason": None, "why": ""}
     except Unknown as u:
-        return {**unknown(u.reason, u.detail), "os": os_id}
+        return {**unknown(u.reason, u.detail), "os": os_id, "left_pid": pid}
     except guest_parse.Refused as r:
         return {**unknown("refused", str(r)), "os": os_id}
 

@@ -49,7 +49,8 @@ class GuestSampler:
         self._inflight: dict[str, float] = {}  # VM name -> when its read began
         self._os: dict[str, str] = {}  # VM uuid -> the guest's OS id (asked once per VM)
         self._vendors: dict[str, str] = {}
-        self._local = threading.local()
+        self._left: dict[str, int] = {}  # VM uuid -> a tool's pid whose exit the agent has not reported yet
+        self._conns: dict[int, Any] = {}  # reader thread -> its libvirt connection
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reads = 0
@@ -139,6 +140,7 @@ class GuestSampler:
         row = {"vm": vm, "vm_uuid": vm_uuid, "source": "guest", "chosen": where, "read_at": time.time(),
                "took_s": round(took, 3), **reading, "gpus": _bind(reading.get("gpus") or [], devices)}
         row.pop("os", None)
+        row.pop("left_pid", None)
         slow = reading.get("reason") in SLOW_REASONS
         with self._lock:
             self.reads += 1
@@ -146,6 +148,10 @@ class GuestSampler:
             if vm in self._cache:  # not dropped meanwhile (stopped, opted out)
                 self._cache[vm] = row
                 self._due[vm] = time.monotonic() + min(self.interval * (10 if slow else 1), 600.0 if slow else 3600)
+            # a failed read may be a broken connection (libvirtd restarted): this thread connects afresh next time
+            broken = self._conns.pop(threading.get_ident(), None) if reading.get("state") != "ok" else None
+        if broken is not None:
+            broken.close()
 
     def _read_one(self, vm: str, vm_uuid: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
         from vgpumgr.errors import NotFound
@@ -157,21 +163,38 @@ class GuestSampler:
             try:
                 return self._virt().agent(vm, command, arguments, timeout=timeout)
             except NotFound:  # a VM this thread's connection has not seen yet: connect again, once
-                self._local.virt.close()
+                with self._lock:
+                    stale = self._conns.pop(threading.get_ident(), None)
+                if stale is not None:
+                    stale.close()
                 return self._virt().agent(vm, command, arguments, timeout=timeout)
 
-        reading = guest_exec.read(agent, vendor, deadline_s=self.deadline_s, os_id=self._os.get(vm_uuid))
+        reading = guest_exec.read(agent, vendor, deadline_s=self.deadline_s, os_id=self._os.get(vm_uuid),
+                                  left_pid=self._left.pop(vm_uuid, None))
         if reading.get("os"):
             self._os[vm_uuid] = reading["os"]
+        if reading.get("left_pid") is not None:
+            self._left[vm_uuid] = reading["left_pid"]
         return reading
 
     def _virt(self) -> Any:
         """This reader thread's libvirt connection, kept between reads (a connection per read costs more than
-        the read)."""
-        v = getattr(self._local, "virt", None)
-        if v is None:
-            v = self._local.virt = self.svc.virt()
+        the read); dropped after a failed read, and by `close_idle`."""
+        me = threading.get_ident()
+        with self._lock:
+            v = self._conns.get(me)
+            if v is None:
+                v = self._conns[me] = self.svc.virt()
         return v
+
+    def close_idle(self) -> None:
+        """Close the reader threads' connections if no read is under way (the service's stop, a one-shot CLI)."""
+        with self._lock:
+            conns = [] if self._inflight else list(self._conns.values())
+            if conns:
+                self._conns = {}
+        for v in conns:
+            v.close()
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -184,6 +207,7 @@ class GuestSampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.close_idle()
 
     def settle(self, timeout: float) -> None:
         """Plan once and wait (at most `timeout` s) for the reads handed out (the CLI's one-shot `top`)."""
