@@ -206,7 +206,7 @@ def test_mig_and_scheduler_commands(tmp_path: Path) -> None:
     gi = json.loads(out)
     assert (gi["profile"], gi["start"]) == ("3g.40gb", 4)
     rc, _, err = run("--sysfs-root", root, "mig", "create", "0000:19:00.0", "7g.80gb")
-    assert rc == 4 and "no room for 7g.80gb" in err
+    assert rc == 4 and "no room for a 7g.80gb instance (slices 4-7 taken by 3g.40gb (GI " in err
     assert json.loads(run("--sysfs-root", root, "types", "--parent", "0000:19:00.4", "--json")[1])[0]["name"] \
         == "NVIDIA H100XM-3-40C"  # the driver now offers the matching MIG-backed type
     rc, _, err = run("--sysfs-root", root, "mig", "mode", "0000:19:00.0", "off")

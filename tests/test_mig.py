@@ -129,11 +129,23 @@ def test_greedy_planning_reaches_full_layouts() -> None:
         assert sum(table.by_id(gi.profile_id).compute_slices for gi in existing) == table.compute_slices
 
 
+def test_plan_and_the_gpu_page_word_no_room_as_placement_does() -> None:
+    """One failure, one wording (issue 42): `mig create`'s refusal, the web view's reason and placement's
+    (MigFacts.why_none_free) all come from mig.plan.no_room; the old `why_no_room` listed each start's overlap."""
+    existing = layout(H100, ("3g.40gb", 0), ("3g.40gb", 4))
+    wanted = H100.find("4g.40gb")
+    with pytest.raises(NoCapacity) as refused:
+        mig.plan(H100, existing, wanted)
+    assert refused.value.message == mig.no_room(H100, existing, wanted) \
+        == "no room for a 4g.40gb instance (slices 0-3 taken by 3g.40gb)"
+    assert not hasattr(mig, "why_no_room")
+
+
 def test_plan_explains_refusals() -> None:
     existing = layout(H100, ("4g.40gb", 0))
     with pytest.raises(NoCapacity) as full:
         mig.plan(H100, existing + layout(H100, ("3g.40gb", 4)), H100.find("1g.10gb"))
-    assert "no room for 1g.10gb" in full.value.message
+    assert full.value.message == "no room for a 1g.10gb instance (slices 0-6 taken by 4g.40gb, 3g.40gb)"
     with pytest.raises(NoCapacity) as taken:
         mig.plan(H100, existing, H100.find("2g.20gb"), start=2)
     assert "overlaps 4g.40gb" in taken.value.message and taken.value.hint.endswith("4")

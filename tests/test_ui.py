@@ -131,8 +131,10 @@ def test_mig_slices_match_vgpumgr_mig_list(env: ApiEnv) -> None:
     html = env.client.get(f"/ui/gpus/{A100}").text
     shown = re.findall(r'data-gi="(\d+)" data-profile="([^"]+)"\s+data-start="(\d+)" data-size="(\d+)"', html)
     assert sorted(shown) == sorted((str(g["id"]), g["profile"], str(g["start"]), str(g["size"])) for g in gis)
-    # 3g.40gb holds 4 slices; a second 4g.40gb (start 0 only) has no room and the page says why
-    assert re.search(r'data-profile="4g.40gb" data-free="">.*?overlaps', html, re.S)
+    # 1g.10gb holds slice 0; 4g.40gb (start 0 only) has no room and the page says why, in the words `mig create`
+    # and placement use (mig.plan.no_room)
+    assert re.search(r'data-profile="4g.40gb" data-free="">.*?no room for a 4g.40gb instance \(slices [\d, -]+ '
+                     r'taken by 1g.10gb \(GI \d+\)\)', html, re.S)
     used = {s for g in gis for s in range(g["start"], g["start"] + g["size"])}
     assert f"free slices: {', '.join(str(s) for s in range(8) if s not in used)}." in html
 

@@ -222,7 +222,7 @@ def _mig_view(gpu: Gpu, records: list[dict[str, Any]]) -> MigView | None:
     for p in table.profiles:
         free = mig.free_starts(table, placed, p) if enabled else []
         reason = None if free else ("MIG mode is off on this GPU" if not enabled
-                                    else mig.why_no_room(table, placed, p))
+                                    else mig.no_room(table, placed, p))
         remaining = next((d.get("remaining") for d in profiles if int(d["id"]) == p.id), None)
         rows.append(MigProfileRow(p.name, p.id, p.size, list(p.starts), free, remaining, reason))
     used = {s for gi in placed for s in gi.slices}

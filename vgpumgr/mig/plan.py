@@ -178,12 +178,6 @@ def best_start(table: ProfileTable, existing: Sequence[Placed], profile: Profile
     return chosen
 
 
-def why_no_room(table: ProfileTable, existing: Sequence[Placed], profile: Profile) -> str:
-    reasons = {s: placement_problem(table, existing, profile, s) for s in profile.starts}
-    distinct = dict.fromkeys(r for r in reasons.values() if r)
-    return "; ".join(distinct) or "no placements reported"
-
-
 def no_room(table: ProfileTable, existing: Sequence[Placed], profile: Profile, users: Sequence[str] = (),
             unbound: int = 0) -> str | None:
     """Why no GPU instance of `profile` can be made next to `existing`, naming what holds its slices; None
@@ -241,7 +235,7 @@ def plan(
     if start is None:
         chosen = best_start(table, existing, profile)
         if chosen is None:
-            raise NoCapacity(f"no room for {profile.name}: {why_no_room(table, existing, profile)}",
+            raise NoCapacity(no_room(table, existing, profile) or f"no room for a {profile.name} instance",
                              hint="destroy a GPU instance (`vgpumgr mig list` shows them) "
                                   "or pick a smaller profile")
         return Placed(profile.id, chosen, profile.size)
