@@ -11,6 +11,7 @@ list is always the heterogeneous one, so it is never taken for them). Whatever N
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 CAP_HETEROGENEOUS_SIZES = 2  # NVML_DEVICE_VGPU_CAP_HETEROGENEOUS_TIMESLICE_SIZES
@@ -22,6 +23,20 @@ PLACEMENT_LIST_V2 = 2
 INVALID_PLACEMENT = 0xFFFF
 MIXED, EQUAL = "mixed", "equal"
 HETEROGENEOUS, HOMOGENEOUS = "heterogeneous", "homogeneous"  # which placement lists `types` holds
+
+
+def facts_of(nvml: Any) -> Mapping[str, Any]:
+    """One GPU's mixed-size facts as `read` gave them, from its NVML facts (an inventory GPU's `nvml`, or an entry
+    of NvmlLayer.gpus()): {} where NVML gave none or they cannot be read. Every reader of the facts starts here."""
+    vgpu = nvml.get("vgpu") if isinstance(nvml, Mapping) else None
+    facts = vgpu.get("mixed_size") if isinstance(vgpu, Mapping) else None
+    return facts if isinstance(facts, Mapping) else {}
+
+
+def mode_of(nvml: Any) -> str | None:
+    """"mixed", "equal", or None (NVML cannot tell) for one GPU's NVML facts."""
+    mode = facts_of(nvml).get("mode")
+    return mode if mode in (MIXED, EQUAL) else None
 
 
 def _call(n: Any, name: str, *args: Any, **kwargs: Any) -> Any:

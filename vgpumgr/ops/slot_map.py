@@ -14,6 +14,7 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import NotFound
+from vgpumgr.nvidia import mixed as nvml_mixed
 from vgpumgr.ops.context import Context
 from vgpumgr.placement import ids as pid
 from vgpumgr.placement.mixed import _slots, held
@@ -31,9 +32,9 @@ def slot_map(svc: Context, gpu: str) -> dict[str, Any]:
         records = live_records(svc, s)
     allocs, _ = px.merged_allocations(records)
     mine = [a for a in allocs if (a.gpu or px.physical(a.parent)) == gpu]
-    facts = (((px.gpus[gpu].nvml or {}).get("vgpu") or {}).get("mixed_size") or {})
+    facts = nvml_mixed.facts_of(px.gpus[gpu].nvml)
     region_mb = px.region_mb(gpu)
-    mode = facts.get("mode")
+    mode = nvml_mixed.mode_of(px.gpus[gpu].nvml)
     homogeneous = mode == "equal" and facts.get("placements") == "homogeneous"
     out: dict[str, Any] = {"gpu": gpu, "mode": mode, "capable": facts.get("capable"),
                            "placements": "homogeneous" if homogeneous else ("heterogeneous" if mode == "mixed" else

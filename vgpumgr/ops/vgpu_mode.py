@@ -11,6 +11,7 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.errors import Conflict, NotFound, Unavailable, VgpuError
+from vgpumgr.nvidia import mixed as nvml_mixed
 from vgpumgr.ops import boot_records
 from vgpumgr.ops.context import Context
 
@@ -21,7 +22,7 @@ AUDIT_ACTION = "gpu.mode"
 def facts(layer: Any, gpu: str) -> dict[str, Any]:
     """NVML's mixed-size facts and MIG state of one GPU ({} when NVML does not know it)."""
     g = layer.gpus().get(gpu) or {}
-    return {"mixed_size": ((g.get("vgpu") or {}).get("mixed_size") or {}),
+    return {"mixed_size": nvml_mixed.facts_of(g),
             "mig": (g.get("mig") or {}).get("current") == "enabled", "known": bool(g)}
 
 
@@ -91,7 +92,7 @@ def drift(svc: Context, inventory: Any) -> list[dict[str, Any]]:
     out = []
     for g in inventory.gpus:
         want = recorded.get(g.address)
-        have = (((g.nvml or {}).get("vgpu") or {}).get("mixed_size") or {}).get("mode") if want else None
+        have = nvml_mixed.mode_of(g.nvml) if want else None
         if want and have and have != want:
             out.append({"gpu": g.address, "recorded": want, "actual": have,
                         "why": "the driver forgets it at a reboot, a driver reload and sriov-manage; `vgpumgr restore` "

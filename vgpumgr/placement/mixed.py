@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vgpumgr.nvidia import mixed as nvml_mixed
 from vgpumgr.placement import ids as pid
 
 _AMPERE_GPUS = ("A40", "A10", "A16", "A2", "A30", "A100", "A100X", "A100D", "A100DX", "A800", "RTXA6000",
@@ -30,9 +31,8 @@ def _nvml_types(px: Any, phys: str, homogeneous: bool = False) -> Mapping[str, A
     """Discovery's per-type placement lists, if they are of the kind asked for (facts from before `placements`
     was recorded held heterogeneous lists only)."""
     gpu = px.gpus.get(phys)
-    vgpu = (gpu.nvml or {}).get("vgpu") if gpu else None
-    facts = vgpu.get("mixed_size") if isinstance(vgpu, Mapping) else None
-    types = facts.get("types") if isinstance(facts, Mapping) else None
+    facts = nvml_mixed.facts_of(gpu.nvml if gpu else None)
+    types = facts.get("types")
     if not isinstance(types, Mapping):
         return {}
     kind = facts.get("placements", "heterogeneous" if types else None)
@@ -150,8 +150,7 @@ def mixed_choice(px: Any, g: Any, allocs: Sequence[Any], policy: Any) -> str | t
 
 def is_mixed(gpu: Any) -> bool:
     """NVML says this GPU is in mixed-size mode (discovery's facts on the inventory's GPU)."""
-    vgpu = ((gpu.nvml or {}).get("vgpu") if gpu is not None else None) or {}
-    return isinstance(vgpu, Mapping) and (vgpu.get("mixed_size") or {}).get("mode") == "mixed"
+    return nvml_mixed.mode_of(gpu.nvml if gpu is not None else None) == nvml_mixed.MIXED
 
 
 def free_count(px: Any, phys: str, info: Any, allocs: Sequence[Any]) -> int:

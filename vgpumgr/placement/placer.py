@@ -32,7 +32,7 @@ from vgpumgr.mig.facts import MigFacts, users_text
 from vgpumgr.mig.plan import profile_for_type
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_VF, Inventory, VgpuType
 from vgpumgr.placement import ids as pid
-from vgpumgr.placement.mixed import mixed_choice
+from vgpumgr.placement.mixed import is_mixed, mixed_choice
 from vgpumgr.vendors import profiles as vendors
 
 STRATEGIES = ("pack", "spread")
@@ -414,10 +414,7 @@ class Placer:
         """Is this GPU in mixed-size mode (NVML says so, or the policy names it)?"""
         if g.phys in policy.mixed_size_gpus:
             return g.sriov
-        gpu = self.gpus.get(g.phys)
-        vgpu = (gpu.nvml or {}).get("vgpu") if gpu else None
-        facts = vgpu.get("mixed_size") if isinstance(vgpu, Mapping) else None
-        return isinstance(facts, Mapping) and facts.get("mode") == "mixed"
+        return is_mixed(self.gpus.get(g.phys))
 
     def info(self, phys: str | None, type_id: str) -> _TypeInfo | None:
         if phys is None:

@@ -1,0 +1,45 @@
+"""The near-copies issue 42 listed, each folded into one place: no production module outside that place reads or
+builds the thing again. Behaviour that changed with a fold is tested next to its module (named in each test)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCTION = sorted(p for d in ("vgpumgr", "api") for p in (ROOT / d).rglob("*.py")
+                    if "sim" not in p.relative_to(ROOT).parts[1:2])
+
+
+def places(pattern: str, files: list[Path] = PRODUCTION, root: Path = ROOT) -> list[str]:
+    """The production modules (the simulator left out: it is the kernel's side) whose code matches `pattern`."""
+    rx = re.compile(pattern)
+    return sorted(str(p.relative_to(root)) for p in files if rx.search(p.read_text()))
+
+
+def test_the_check_sees_a_planted_copy(tmp_path: Path) -> None:
+    planted = tmp_path / "vgpumgr" / "ops" / "copy.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text('facts = ((nvml or {}).get("vgpu") or {}).get("mixed_size")\n')
+    assert places(r'\.get\("mixed_size"\)', [planted], tmp_path) == ["vgpumgr/ops/copy.py"]
+
+
+def test_one_reader_of_a_gpus_mixed_size_facts() -> None:
+    assert places(r'\.get\("mixed_size"\)') == ["vgpumgr/nvidia/mixed.py"]
+
+
+@pytest.mark.parametrize(("nvml", "facts", "mode"), [
+    ({"vgpu": {"mixed_size": {"mode": "mixed", "capable": True}}}, {"mode": "mixed", "capable": True}, "mixed"),
+    ({"vgpu": {"mixed_size": {"mode": "equal"}}}, {"mode": "equal"}, "equal"),
+    ({"vgpu": {"mixed_size": None}}, {}, None),
+    ({"vgpu": {"mixed_size": "unknown"}}, {}, None),  # a record the old readers crashed on (str has no .get)
+    ({"vgpu": []}, {}, None),
+    ({}, {}, None),
+    (None, {}, None),
+])
+def test_mixed_size_facts_of_any_recorded_shape(nvml: object, facts: dict, mode: str | None) -> None:
+    from vgpumgr.nvidia import mixed
+
+    assert dict(mixed.facts_of(nvml)) == facts and mixed.mode_of(nvml) == mode
