@@ -43,3 +43,25 @@ def test_mixed_size_facts_of_any_recorded_shape(nvml: object, facts: dict, mode:
     from vgpumgr.nvidia import mixed
 
     assert dict(mixed.facts_of(nvml)) == facts and mixed.mode_of(nvml) == mode
+
+
+def test_one_way_to_read_pci_ids_and_find_a_cards_profile() -> None:
+    """Issue 42: the vendor profile lookup from an address was written three times (vendor steps, vendor VF
+    discovery, and PCI discovery's own id cleaning); vendors.profiles.profile_at / ids_at and fs.read_id now."""
+    assert places(r'removeprefix\("0x"\)|startswith\("0x"\)') == ["vgpumgr/discovery/fs.py"]
+    assert places(r"mechanism (not )?in \(") == ["vgpumgr/vendors/profiles.py"]
+
+
+def test_profile_at_reads_what_discovery_reads(tmp_path: Path) -> None:
+    from simhost import make
+
+    from vgpumgr.discovery.pci import discover_gpus
+    from vgpumgr.vendors import profiles
+
+    host = make(tmp_path, "all")
+    cards = [g for g in discover_gpus(host) if profiles.profile(g.vendor_id, g.device_id)]
+    assert len(cards) >= 8
+    for g in cards:
+        assert profiles.ids_at(host, g.address) == (g.vendor_id, g.device_id)
+        assert profiles.profile_at(host, g.address) is profiles.profile(g.vendor_id, g.device_id)
+    assert profiles.profile_at(host, "0000:ff:1f.7") is None and profiles.ids_at(host, "0000:ff:1f.7") == ("", "")

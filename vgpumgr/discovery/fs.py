@@ -18,6 +18,13 @@ def read(path: str, default: str | None = None) -> str | None:
         os.close(fd)
 
 
+def read_id(path: str) -> str | None:
+    """A PCI id file (`vendor`, `device`, `subsystem_*`, `sriov_vf_device`) as ids are spelt everywhere else:
+    "0x19E5" -> "19e5"; None where the file is missing or empty."""
+    s = read(path)
+    return s.lower().removeprefix("0x") if s else None
+
+
 def read_int(path: str, default: int | None = None) -> int | None:
     s = read(path)
     if s is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
+from vgpumgr.discovery.fs import link_name, listdir, read, read_id, read_int, virtfns
 from vgpumgr.hostfs.root import Host
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF, BACKEND_PASSTHROUGH, BACKEND_VF, Gpu, Sriov, unnamed
 from vgpumgr.vendors import profiles as vendors
@@ -12,15 +12,11 @@ from vgpumgr.vendors import profiles as vendors
 DISPLAY_CLASS = 0x03
 
 
-def _hex(value: str | None) -> str | None:
-    return value[2:].lower() if value and value.startswith("0x") else value
-
-
 def read_function(host: Host, address: str, names: PciNames | None = None) -> Gpu:
     """Facts of one PCI function (a GPU, a VF, or any SR-IOV capable device)."""
     d = str(host.pci(address))
-    vendor = _hex(read(f"{d}/vendor")) or "????"
-    device = _hex(read(f"{d}/device")) or "????"
+    vendor = read_id(f"{d}/vendor") or "????"
+    device = read_id(f"{d}/device") or "????"
     sriov = None
     total = read_int(f"{d}/sriov_totalvfs")
     if total is not None:
@@ -42,8 +38,8 @@ def read_function(host: Host, address: str, names: PciNames | None = None) -> Gp
         address=address,
         vendor_id=vendor,
         device_id=device,
-        subsystem_vendor_id=_hex(read(f"{d}/subsystem_vendor")),
-        subsystem_device_id=_hex(read(f"{d}/subsystem_device")),
+        subsystem_vendor_id=read_id(f"{d}/subsystem_vendor"),
+        subsystem_device_id=read_id(f"{d}/subsystem_device"),
         class_code=read(f"{d}/class") or "",
         name=(names or PciNames(host)).lookup(vendor, device, address),
         driver=link_name(f"{d}/driver"),
@@ -64,13 +60,13 @@ def is_display(host: Host, address: str) -> bool:
     if (cls >> 16) == DISPLAY_CLASS:
         return True
     return (cls >> 16) == vendors.ACCELERATOR_CLASS and vendors.is_accelerator(
-        _hex(read(f"{host.pci_devices}/{address}/vendor")) or "", cls)  # the vendor read only for class 0x12
+        read_id(f"{host.pci_devices}/{address}/vendor") or "", cls)  # the vendor read only for class 0x12
 
 
 def vendor_vf(vendor: str, device: str) -> bool:
     """A VF that a VM gets whole: of a vendor card whose slices are SR-IOV VFs (not an mdev's hidden VF)."""
     p = vendors.profile(vendor, device)
-    return p is not None and p.mechanism in (vendors.SRIOV, vendors.MODULE_VFS)
+    return p is not None and p.vf_slices
 
 
 def discover_gpus(host: Host) -> list[Gpu]:

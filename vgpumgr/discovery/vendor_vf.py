@@ -14,14 +14,9 @@ if TYPE_CHECKING:
     from vgpumgr.model import VgpuType
 
 
-def _hex(v: str | None) -> str:
-    return (v or "").strip().lower().removeprefix("0x")
-
-
 def card_of(host: Host, pf: str) -> vendors.Profile | None:
-    d = host.pci(pf)
-    p = vendors.profile(_hex(read(f"{d}/vendor")), _hex(read(f"{d}/device")))
-    return p if p is not None and p.mechanism in (vendors.SRIOV, vendors.MODULE_VFS) else None
+    p = vendors.profile_at(host, pf)
+    return p if p is not None and p.vf_slices else None
 
 
 def vf_quota_mb(host: Host, pf: str, card: vendors.Profile, index: int) -> int | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vgpumgr import ids
-from vgpumgr.discovery.fs import read, read_int
+from vgpumgr.discovery.fs import read_id, read_int
 from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.model import BACKEND_MDEV, BACKEND_NVIDIA_VF
 from vgpumgr.ops import boot_records
@@ -167,10 +167,10 @@ def vf_pci_ids(host: Any, profile: BootProfile) -> dict[str, tuple[str, str]]:
     out = {}
     for g in profile.gpus:
         d = f"{host.pci(g.address)}"
-        vendor, device = read(f"{d}/vendor"), read(f"{d}/sriov_vf_device")
+        vendor, device = read_id(f"{d}/vendor"), read_id(f"{d}/sriov_vf_device")
         if vendor and device:
             for v in g.vf_types:
-                out[v.address] = (vendor.lower().removeprefix("0x"), device.lower().removeprefix("0x"))
+                out[v.address] = (vendor, device)
     return out
 
 

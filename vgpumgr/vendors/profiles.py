@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from vgpumgr.discovery.fs import read_id
+from vgpumgr.hostfs.root import Host
+
 MDEV = "mdev"  # vendor mdev parent on the PF (Ascend vNPU, Moore Threads vGPU)
 SRIOV = "sriov"  # VFs through the standard sriov_numvfs (Cambricon, Intel xe / i915 backports)
 MODULE_VFS = "module-vfs"  # VFs whose count an out-of-tree PF driver fixes at load (AMD GIM vf_num)
@@ -50,6 +53,11 @@ class Profile:
     @property
     def slices(self) -> bool:
         return self.mechanism != PASSTHROUGH
+
+    @property
+    def vf_slices(self) -> bool:
+        """VMs get its SR-IOV VFs whole (through sriov_numvfs, or VFs its driver makes at load)."""
+        return self.mechanism in (SRIOV, MODULE_VFS)
 
 
 _ASCEND_910B_TEMPLATES = ("vir05_1c_16g", "vir10_3c_32g", "vir06_1c_16g", "vir12_3c_32g", "vir05_1c_8g",
@@ -109,6 +117,18 @@ def profile(vendor: str, device: str) -> Profile | None:
     """The profile of a PF (or, by its VF device id, of the card a VF belongs to)."""
     key = (vendor.lower(), device.lower())
     return _BY_ID.get(key) or _BY_VF_ID.get(key)
+
+
+def ids_at(host: Host, address: str) -> tuple[str, str]:
+    """(vendor id, device id) of the PCI function at `address` as sysfs gives them ("" where it does not)."""
+    d = host.pci(address)
+    return read_id(f"{d}/vendor") or "", read_id(f"{d}/device") or ""
+
+
+def profile_at(host: Host, address: str) -> Profile | None:
+    """The profile of the PCI function at `address`, read from sysfs: what every caller holding only an
+    address asks (a VF by its VF device id gets its card's)."""
+    return profile(*ids_at(host, address))
 
 
 def name(vendor: str, device: str, vf: bool = False) -> str | None:
@@ -203,7 +223,7 @@ def no_vfs_hint(wanted: str, cards: list[tuple[str, str, str, int]]) -> str | No
     w = wanted.lower()
     for address, vendor, device, numvfs in cards:
         p = profile(vendor, device)
-        if p is None or numvfs or p.mechanism not in (SRIOV, MODULE_VFS):
+        if p is None or numvfs or not p.vf_slices:
             continue
         token = vf_slice_name(p, 1)[1].split()[-1].rsplit("-", 1)[0].lower()
         if w.startswith(token) or w.startswith("vf-" + re.sub(r"[^a-z0-9]+", "", token)):

@@ -36,8 +36,7 @@ def card(host: Host, address: str) -> vendors.Profile:
     d = host.pci(address)
     if not d.exists():
         raise NotFound(f"no PCI device {address}", hint="`vgpumgr gpus` lists the GPUs and accelerators")
-    vendor = (read(f"{d}/vendor") or "").lower().removeprefix("0x")
-    device = (read(f"{d}/device") or "").lower().removeprefix("0x")
+    vendor, device = vendors.ids_at(host, address)
     p = vendors.profile(vendor, device)
     if p is None or (d / "physfn").exists():
         raise InvalidInput(f"{address} ({vendor}:{device}) is not a vendor card vgpumgr has a profile for",
