@@ -65,3 +65,27 @@ def test_profile_at_reads_what_discovery_reads(tmp_path: Path) -> None:
         assert profiles.ids_at(host, g.address) == (g.vendor_id, g.device_id)
         assert profiles.profile_at(host, g.address) is profiles.profile(g.vendor_id, g.device_id)
     assert profiles.profile_at(host, "0000:ff:1f.7") is None and profiles.ids_at(host, "0000:ff:1f.7") == ("", "")
+
+
+def test_one_place_builds_intels_per_vf_quota_paths() -> None:
+    assert places(r"vf\{[^}]+\}/(gt|profile)/|iov/vf\"|sriov_admin/vf\"") == ["vgpumgr/vendors/quota_paths.py"]
+
+
+def test_the_quotas_the_steps_write_are_the_sizes_discovery_reads(tmp_path: Path) -> None:
+    from simhost import make
+
+    from vgpumgr.discovery import vendor_vf
+    from vgpumgr.vendors import profiles, steps
+    from vgpumgr.vendors.quota_paths import quota_path, quota_paths
+
+    host = make(tmp_path, "all")
+    for pf, mib in (("0000:8b:00.0", 2000), ("0000:8d:00.0", 6144)):  # i915 Flex 170, xe Arc Pro B60
+        card = profiles.profile_at(host, pf)
+        assert card is not None and card.family.startswith("intel-")
+        paths = quota_paths(host, pf, card)
+        assert sorted(paths) == list(range(1, len(paths) + 1)) and len(paths) >= 8
+        assert all(quota_path(host, pf, card, n) == p for n, p in paths.items())
+        assert steps.set_quotas(host, pf, card, {"1": mib << 20, "2": mib << 20}).ok
+        assert [vendor_vf.vf_quota_mb(host, pf, card, n) for n in (1, 2)] == [mib, mib]
+    mi300 = profiles.profile_at(host, "0000:89:00.0")
+    assert mi300 is not None and quota_paths(host, "0000:89:00.0", mi300) == {}

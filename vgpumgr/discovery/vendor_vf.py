@@ -8,6 +8,7 @@ from vgpumgr.discovery.fs import link_name, listdir, read, read_int, virtfns
 from vgpumgr.hostfs.root import Host
 from vgpumgr.kinds import BACKEND_VF
 from vgpumgr.vendors import profiles as vendors
+from vgpumgr.vendors.quota_paths import quota_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,17 +22,9 @@ def card_of(host: Host, pf: str) -> vendors.Profile | None:
 
 def vf_quota_mb(host: Host, pf: str, card: vendors.Profile, index: int) -> int | None:
     """The memory the driver provisioned for VF `index` (1-based), where it says so."""
-    d = host.pci(pf)
-    if card.family == "intel-i915":
-        for drm in listdir(f"{d}/drm"):
-            q = read_int(f"{d}/drm/{drm}/iov/vf{index}/gt/lmem_quota")
-            if q is not None:
-                return q >> 20
-    if card.family == "intel-xe":
-        q = read_int(f"{d}/sriov_admin/vf{index}/profile/vram_quota")
-        if q is not None:
-            return q >> 20
-    return None
+    path = quota_path(host, pf, card, index)
+    q = read_int(path) if path else None
+    return None if q is None else q >> 20
 
 
 def slice_facts(host: Host, pf: str, card: vendors.Profile, index: int, numvfs: int) -> tuple[int | None, dict]:

@@ -26,6 +26,7 @@ from vgpumgr.discovery.fs import listdir, read, read_int
 from vgpumgr.errors import Conflict, InvalidInput, NotFound, Unavailable, VgpuError
 from vgpumgr.hostfs.root import Host
 from vgpumgr.vendors import profiles as vendors
+from vgpumgr.vendors.quota_paths import quota_paths
 
 NPU_SMI = "usr/local/sbin/npu-smi"  # where Huawei's driver package installs it
 GIM_VF_NUM = "sys/module/gim/parameters/vf_num"
@@ -140,24 +141,10 @@ def check_gim(host: Host, pf: str, want: int) -> StepResult:
 # -- Intel per-VF memory quotas -------------------------------------------------------------------------------
 
 
-def _quota_paths(host: Host, pf: str, p: vendors.Profile) -> dict[int, str]:
-    d = host.pci(pf)
-    total = read_int(f"{d}/sriov_totalvfs", 0) or 0
-    if p.family == "intel-xe":
-        return {n: f"{d}/sriov_admin/vf{n}/profile/vram_quota" for n in range(1, total + 1)
-                if os.path.exists(f"{d}/sriov_admin/vf{n}/profile/vram_quota")}
-    for drm in listdir(f"{d}/drm"):
-        found = {n: f"{d}/drm/{drm}/iov/vf{n}/gt/lmem_quota" for n in range(1, total + 1)
-                 if os.path.exists(f"{d}/drm/{drm}/iov/vf{n}/gt/lmem_quota")}
-        if found:
-            return found
-    return {}
-
-
 def quotas(host: Host, pf: str, p: vendors.Profile, count: int | None = None) -> dict[str, int]:
     """{VF number (1-based): quota in bytes} for the first `count` VFs (default: the enabled ones)."""
     n = count if count is not None else read_int(f"{host.pci(pf)}/sriov_numvfs", 0) or 0
-    return {str(i): read_int(path, 0) or 0 for i, path in _quota_paths(host, pf, p).items() if i <= n}
+    return {str(i): read_int(path, 0) or 0 for i, path in quota_paths(host, pf, p).items() if i <= n}
 
 
 def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) -> StepResult:
@@ -169,7 +156,7 @@ def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) ->
         return StepResult(step, pf, False, f"{pf} has VFs enabled with other quotas ({_quota_text(have)})", have,
                           "quotas are written before VFs are enabled: release the VFs' VMs, "
                           f"`vgpumgr sriov set {pf} 0`, then run this again")
-    paths = _quota_paths(host, pf, p)
+    paths = quota_paths(host, pf, p)
     missing = [k for k in want if int(k) not in paths]
     if missing:
         raise InvalidInput(f"{pf} has no VF {missing[0]}", hint=f"it offers {len(paths)} VFs")
@@ -185,12 +172,12 @@ def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) ->
 
 def all_quotas(host: Host, pf: str, p: vendors.Profile) -> dict[int, int]:
     """{VF number: quota in bytes} of every VF the PF offers, enabled or not (what `put_back_quotas` takes)."""
-    return {n: read_int(path, 0) or 0 for n, path in _quota_paths(host, pf, p).items()}
+    return {n: read_int(path, 0) or 0 for n, path in quota_paths(host, pf, p).items()}
 
 
 def put_back_quotas(host: Host, pf: str, p: vendors.Profile, before: dict[int, int], error: VgpuError) -> None:
     """The quotas as `all_quotas` read them before, written back after `error` (a later step failed)."""
-    paths = _quota_paths(host, pf, p)
+    paths = quota_paths(host, pf, p)
     _put_back(host, pf, {n: paths[n] for n in before if n in paths}, before, error)
 
 
