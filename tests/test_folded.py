@@ -89,3 +89,17 @@ def test_the_quotas_the_steps_write_are_the_sizes_discovery_reads(tmp_path: Path
         assert [vendor_vf.vf_quota_mb(host, pf, card, n) for n in (1, 2)] == [mib, mib]
     mi300 = profiles.profile_at(host, "0000:89:00.0")
     assert mi300 is not None and quota_paths(host, "0000:89:00.0", mi300) == {}
+
+
+def test_one_wording_of_a_vendor_steps_state() -> None:
+    """`vendor list`, the steps' own messages, reconcile's drift and restore's plan say a step's state in the same
+    words (vendors.steps.step_text); before issue 42 the list said "8 VF quota(s) 2000 MiB", a step "8 VF(s) x 2000
+    MiB" and reconcile "8 VF quota(s)"."""
+    from vgpumgr.vendors import steps
+
+    assert places(r"'VM' if|VF\(s\) x|VF quota\(s\)") == ["vgpumgr/vendors/steps.py"]
+    assert steps.state_text({"ascend-vnpu-vm-mode": {"mode": 1}, "gim-vf-num": {"vf_num": 8},
+                             "i915-lmem-quota": {"quotas": {"1": 2000 << 20, "2": 2000 << 20}}}) \
+        == "vnpu-mode 1 (VM); GIM VFs 8; 2 VF quota(s) 2000 MiB"
+    assert steps.state_text({}) == "-" and steps.step_text({"quotas": {}}) == "no VF quota"
+    assert steps.step_text({"mode": "x"}) == "{'mode': 'x'}"  # a record it cannot read is shown as it is

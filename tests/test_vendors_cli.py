@@ -229,7 +229,7 @@ def test_reconcile_names_a_vendor_mode_the_reboot_took_with_no_vm_on_the_card(ho
     ok("sim", "reboot")
     rc, out, _ = run("reconcile")
     assert rc == 10 and "vendor steps not as recorded: 1" in out, out
-    assert f"{ASCEND}  ascend-vnpu-vm-mode: recorded vnpu-mode 1; vNPU mode is 0" in out, out
+    assert f"{ASCEND}  ascend-vnpu-vm-mode: recorded vnpu-mode 1 (VM); now vnpu-mode 0 (container)" in out, out
     ok("restore")
     rc, out, _ = run("reconcile", "--json")
     assert rc == 0 and json.loads(out)["vendor_drift"] == []

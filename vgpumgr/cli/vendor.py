@@ -29,28 +29,16 @@ def _cfg(args: argparse.Namespace):  # noqa: ANN202
     return config(args)
 
 
-def _state_text(state: dict[str, Any]) -> str:
-    parts = []
-    for v in state.values():
-        if "mode" in v:
-            parts.append(f"vnpu-mode {v['mode']} ({'VM' if v['mode'] else 'container'})")
-        elif "vf_num" in v:
-            parts.append(f"GIM VFs {v['vf_num']}")
-        elif "quotas" in v:
-            sizes = sorted({q >> 20 for q in v["quotas"].values()})
-            parts.append(f"{len(v['quotas'])} VF quota(s) {'/'.join(map(str, sizes))} MiB")
-    return "; ".join(parts) or "-"
-
-
 def list_(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.ops.vendor import cards
+    from vgpumgr.vendors.steps import state_text
 
     found = cards(_cfg(args).host)
     if args.json:
         dump_json(out, found)
         return 0
     table(out, ["ADDRESS", "NAME", "MECHANISM", "DRIVER", "SR-IOV", "STATE"],
-          [[c["address"], c["name"], c["mechanism"], c["driver"], c["vfs"], _state_text(c["state"])] for c in found],
+          [[c["address"], c["name"], c["mechanism"], c["driver"], c["vfs"], state_text(c["state"])] for c in found],
           empty="no cards with a vendor profile")
     return 0
 

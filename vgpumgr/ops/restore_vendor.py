@@ -42,7 +42,7 @@ def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
             run.vendor_waits.append(step)
             continue
         if run.dry_run:
-            run.step(step, pf, PLANNED, f"would bring back {step}: {_want_text(value)} ({now.message})")
+            run.step(step, pf, PLANNED, f"would bring back {step}: {vendor_steps.step_text(value)} ({now.message})")
             continue
         try:
             res = vendor_steps.apply(run.host, pf, step, value)
@@ -53,14 +53,6 @@ def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
         run.step(step, pf, DONE if res.ok else BLOCKED, res.message, hint=res.hint)
         if not res.ok:
             run.vendor_waits.append(step)
-
-
-def _want_text(value: dict[str, Any]) -> str:
-    if "mode" in value:
-        return f"vnpu-mode {value['mode']}"
-    if "quotas" in value:
-        return f"{len(value['quotas'])} VF quota(s)"
-    return str(value)
 
 
 def ensure_vnpu_mode(svc: Any, parent: str | None, type_id: str | None, actor: str | None = None) -> None:
@@ -94,10 +86,11 @@ def drift(svc: Any) -> list[dict[str, Any]]:
             try:
                 now = vendor_steps.read_step(svc.host, pf, step, steps[step])
             except VgpuError as e:
-                out.append({"gpu": pf, "step": step, "recorded": _want_text(steps[step]), "actual": None,
+                out.append({"gpu": pf, "step": step, "recorded": vendor_steps.step_text(steps[step]), "actual": None,
                             "why": e.message})
                 continue
             if not now.ok:
-                out.append({"gpu": pf, "step": step, "recorded": _want_text(steps[step]), "actual": now.message,
+                out.append({"gpu": pf, "step": step, "recorded": vendor_steps.step_text(steps[step]),
+                            "actual": now.message,
                             "why": "a reboot or a module reload takes it; `vgpumgr restore` writes it again"})
     return out

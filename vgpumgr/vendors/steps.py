@@ -99,12 +99,12 @@ def run_tool(argv: list[str], what: str) -> str:
 def set_ascend_mode(host: Host, pf: str, mode: int) -> StepResult:
     step = vendors.STEP_ASCEND_VM_MODE
     if ascend_mode(host, pf) == mode:
-        return StepResult(step, pf, True, f"vNPU mode {mode} ({'VM' if mode else 'container'}) in place", mode)
+        return StepResult(step, pf, True, f"vNPU mode {mode_text(mode)} in place", mode)
     run_tool([npu_smi(host), "set", "-t", "vnpu-mode", "-d", str(mode)], f"setting vNPU mode {mode} on {pf}")
     if not wait_for(lambda: ascend_mode(host, pf) == mode, 0 if host.simulated else 10.0, 0.1):
         raise VgpuError(f"npu-smi set vnpu-mode {mode}, but {pf}'s vNPU types still offer "
                         f"{'no ' if mode else ''}instances", hint="check `npu-smi info` and the vascend driver")
-    return StepResult(step, pf, True, f"vNPU mode set to {mode} ({'VM' if mode else 'container'})", mode)
+    return StepResult(step, pf, True, f"vNPU mode set to {mode_text(mode)}", mode)
 
 
 # -- AMD GIM vf_num -------------------------------------------------------------------------------------------
@@ -151,9 +151,9 @@ def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) ->
     step = vendors.STEP_XE_VRAM_QUOTA if p.family == "intel-xe" else vendors.STEP_I915_LMEM_QUOTA
     have = quotas(host, pf, p, max((int(k) for k in want), default=0))
     if have == want:
-        return StepResult(step, pf, True, f"per-VF memory quotas in place ({_quota_text(want)})", want)
+        return StepResult(step, pf, True, f"per-VF memory quotas in place ({quotas_text(want)})", want)
     if read_int(f"{host.pci(pf)}/sriov_numvfs", 0):
-        return StepResult(step, pf, False, f"{pf} has VFs enabled with other quotas ({_quota_text(have)})", have,
+        return StepResult(step, pf, False, f"{pf} has VFs enabled with other quotas ({quotas_text(have)})", have,
                           "quotas are written before VFs are enabled: release the VFs' VMs, "
                           f"`vgpumgr sriov set {pf} 0`, then run this again")
     paths = quota_paths(host, pf, p)
@@ -167,7 +167,7 @@ def set_quotas(host: Host, pf: str, p: vendors.Profile, want: dict[str, int]) ->
     except VgpuError as e:
         _put_back(host, pf, paths, before, e)  # nothing half-set
         raise
-    return StepResult(step, pf, True, f"per-VF memory quotas written ({_quota_text(want)})", want)
+    return StepResult(step, pf, True, f"per-VF memory quotas written ({quotas_text(want)})", want)
 
 
 def all_quotas(host: Host, pf: str, p: vendors.Profile) -> dict[int, int]:
@@ -197,11 +197,36 @@ def _write_quotas(host: Host, pf: str, paths: dict[int, str], now: dict[int, int
         write(host, Path(paths[n]), str(v), f"writing the memory quota of VF {n} on {pf}")
 
 
-def _quota_text(q: dict[str, int]) -> str:
-    if not q:
-        return "none"
-    sizes = sorted({v >> 20 for v in q.values()})
-    return f"{len(q)} VF(s) x {'/'.join(str(s) for s in sizes)} MiB"
+# -- a step's state in words: the one wording of `vendor list`, the steps' messages, reconcile and restore ----
+
+
+def mode_text(mode: int) -> str:
+    return f"{mode} ({'VM' if mode else 'container'})"
+
+
+def quotas_text(q: dict[str, int]) -> str:
+    sizes = sorted({int(v) >> 20 for v in q.values()})
+    return f"{len(q)} VF quota(s) {'/'.join(map(str, sizes))} MiB" if q else "no VF quota"
+
+
+def step_text(value: Any) -> str:
+    """One step's state as `vendor_state` records it (`observed`), in words; a record that cannot be read as
+    its own text (reconcile names it, `recorded` says why)."""
+    try:
+        if "mode" in value:
+            return f"vnpu-mode {mode_text(int(value['mode']))}"
+        if "vf_num" in value:
+            return f"GIM VFs {int(value['vf_num'])}"
+        if "quotas" in value:
+            return quotas_text(value["quotas"])
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return str(value)
+
+
+def state_text(state: dict[str, Any]) -> str:
+    """A card's recorded or observed steps, in words ("-" for none)."""
+    return "; ".join(step_text(v) for v in state.values()) or "-"
 
 
 # -- what to record, and one step run from a record ------------------------------------------------------------
@@ -243,12 +268,12 @@ def read_step(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResu
     rec = recorded(pf, step, value)
     if step == vendors.STEP_ASCEND_VM_MODE:
         mode = ascend_mode(host, pf)
-        return StepResult(step, pf, mode == rec["mode"], f"vNPU mode is {mode}", mode)
+        return StepResult(step, pf, mode == rec["mode"], f"now {step_text({'mode': mode})}", mode)
     if step == vendors.STEP_GIM_VF_NUM:
         return check_gim(host, pf, rec["vf_num"])
     want = rec["quotas"]
     have = quotas(host, pf, p, max((int(k) for k in want), default=0))
-    return StepResult(step, pf, have == want, f"quotas now {_quota_text(have)}", have)
+    return StepResult(step, pf, have == want, f"now {quotas_text(have)}", have)
 
 
 QUOTA_STEPS = (vendors.STEP_I915_LMEM_QUOTA, vendors.STEP_XE_VRAM_QUOTA)
