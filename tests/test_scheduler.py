@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -622,6 +623,68 @@ def test_bindings_without_the_gpu_instance_calls_say_so(sim: tuple[Path, tuple[s
     with pytest.raises(pynvml.NVMLError) as e:
         n.nvmlGpuInstanceGetVgpuSchedulerState(gi, pynvml.c_nvmlVgpuSchedulerStateInfo_v1_t())
     assert e.value.value == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def counting(module: type) -> Any:
+    """A simulated NVML of `module`'s kind that counts the calls asked of it, by name."""
+    class Counting(module):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any) -> None:
+            object.__setattr__(self, "asked", Counter())
+            super().__init__(*args)
+
+        def __getattribute__(self, name: str) -> Any:
+            found = super().__getattribute__(name)
+            if not name.startswith("nvml") or not callable(found):
+                return found
+            asked = object.__getattribute__(self, "asked")
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                asked[name] += 1
+                return found(*args, **kwargs)
+            return counted
+    return Counting
+
+
+def test_the_v2_generation_a_driver_lacks_is_asked_once_per_driver(sim: tuple[Path, tuple[str, ...]]) -> None:
+    """Issue 42: the log is read 5 times a second; a driver whose library lacks `_v2` (FunctionNotFound, as on the
+    real H100) was asked `_v2` first on every read. The answer is remembered per NvmlLayer (per driver)."""
+    root, g = sim
+    busy_vms(g, root)
+    n = counting(DriverWithoutV2)(nvml_state_path(root))
+    layer = NvmlLayer(n)
+    first = nvml_scheduler.read_log(layer, L40S)
+    assert first["api"] == "v1" and len(first["entries"]) == 200
+    assert n.asked["nvmlDeviceGetVgpuSchedulerLog_v2"] == 1
+    for _ in range(3):
+        assert nvml_scheduler.read_log(layer, L40S)["entries"]
+    assert n.asked["nvmlDeviceGetVgpuSchedulerLog_v2"] == 1 and n.asked["nvmlDeviceGetVgpuSchedulerLog"] == 4
+    assert nvml_scheduler.read(layer, L40S)["api"] == nvml_scheduler.read(layer, L40S)["api"] == "v1"
+    assert n.asked["nvmlDeviceGetVgpuSchedulerState_v2"] == 1
+    layer.close()  # a driver reload needs NVML opened again: the next driver is asked afresh
+    assert nvml_scheduler.read_log(layer, L40S)["api"] == "v1"
+    assert n.asked["nvmlDeviceGetVgpuSchedulerLog_v2"] == 2
+
+
+def test_a_driver_answering_v2_is_asked_each_engine_once(sim: tuple[Path, tuple[str, ...]]) -> None:
+    """No probe before the read: the old reader asked the graphics engine's `_v2` state twice per read."""
+    root, _g = sim
+    n = counting(SimNvml)(nvml_state_path(root))
+    state = nvml_scheduler.read(NvmlLayer(n), L40S)
+    assert state["api"] == "v2" and set(state["engines"]) == set(nvml_scheduler.ENGINES.values())
+    assert n.asked["nvmlDeviceGetVgpuSchedulerState_v2"] == len(nvml_scheduler.ENGINES)
+    assert n.asked["nvmlDeviceGetVgpuSchedulerState"] == 0
+
+
+def test_the_gpu_instance_v2_a_driver_lacks_is_asked_once(sim: tuple[Path, tuple[str, ...]]) -> None:
+    root, _g = sim
+    blackwell(root)
+    gi_scheduler(root, 1, policy=3)
+    n = counting(DriverWithoutGiV2)(nvml_state_path(root))
+    layer = NvmlLayer(n)
+    for _ in range(2):
+        assert nvml_scheduler.read(layer, BW)["gpu_instances"][0]["api"] == "v1"
+        assert nvml_gi_scheduler.read_log(layer, BW, 1)["api"] == "v1"
+    assert n.asked[nvml_gi_scheduler.V2] == 1 and n.asked[nvml_gi_scheduler.LOG_V2] == 1
 
 
 def test_a_vm_stop_reads_the_intents_without_writing(sim: tuple[Path, tuple[str, ...]], tmp_path: Path) -> None:

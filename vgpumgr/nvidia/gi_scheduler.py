@@ -16,8 +16,7 @@ from typing import Any
 from vgpumgr import ids
 from vgpumgr.errors import Conflict, NotFound
 from vgpumgr.nvidia.nvml import _ABSENT, SCHEDULER_POLICIES, NvmlLayer, _profile_name
-from vgpumgr.nvidia.sched_fields import ENGINES
-from vgpumgr.nvidia.sched_fields import FUNCTION_NOT_FOUND as _FUNCTION_NOT_FOUND
+from vgpumgr.nvidia.sched_fields import ENGINES, newest
 from vgpumgr.nvidia.sched_fields import entries as _entries
 from vgpumgr.nvidia.sched_fields import has as _has
 from vgpumgr.nvidia.sched_fields import v1_state as _v1_state
@@ -69,16 +68,8 @@ def _state(n: Any, gi: Any, engine: int, api: str) -> dict[str, Any]:
     return _v1_state(n, n.nvmlGpuInstanceGetVgpuSchedulerState(gi, info))
 
 
-def _ask(n: Any, fn: Any, available: list[str]) -> tuple[Any, str]:
-    """fn(api) with the newest generation the driver has: `_v2` answering FunctionNotFound falls back to the
-    old call (`available` is not empty)."""
-    for api in available[:-1]:
-        try:
-            return fn(api), api
-        except n.NVMLError as exc:
-            if getattr(exc, "value", None) != _FUNCTION_NOT_FOUND:
-                raise
-    return fn(available[-1]), available[-1]
+def _generations(available: list[str], v2: str, v1: str) -> list[tuple[str, str]]:
+    return [(api, v2 if api == "v2" else v1) for api in available]
 
 
 def read(layer: NvmlLayer, handle: Any, mig_on: bool | None, vgpu_host: bool = True) -> dict[str, Any]:
@@ -105,7 +96,8 @@ def read(layer: NvmlLayer, handle: Any, mig_on: bool | None, vgpu_host: bool = T
         used = None
         for engine, name in ENGINES.items() if available else ():
             try:
-                engines[name], used = _ask(n, lambda api, gi=gi, e=engine: _state(n, gi, e, api), available)
+                engines[name], used = newest(layer, lambda api, gi=gi, e=engine: _state(n, gi, e, api),
+                                             _generations(available, V2, V1))
             except n.NVMLError as exc:
                 code = getattr(exc, "value", None)
                 if engine == 1 and code == _NOT_SUPPORTED:
@@ -160,7 +152,7 @@ def read_log(layer: NvmlLayer, address: str, gpu_instance: int, engine: int = 1)
         return n.nvmlGpuInstanceGetVgpuSchedulerLog(gi, info)
 
     try:
-        log, api = _ask(n, ask, available)
+        log, api = newest(layer, ask, _generations(available, LOG_V2, LOG_V1))
     except n.NVMLError as exc:
         code = getattr(exc, "value", None)
         out["not_supported"] = [("log (NotSupported: NVIDIA documents a scheduler per GPU instance for Blackwell "

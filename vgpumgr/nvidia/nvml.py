@@ -63,6 +63,9 @@ class NvmlLayer:
         self.notice = notice  # one line for the user when NVML cannot be used at all
         self._opened = False
         self._addresses: dict[str, int] = {}
+        # NVML calls this driver answered FunctionNotFound (its library predates them; vgpumgr.nvidia.sched_fields):
+        # asked once per driver, not on every read; forgotten at close (a driver reload may bring them)
+        self.missing_calls: set[str] = set()
 
     @classmethod
     def system(cls) -> NvmlLayer:
@@ -101,6 +104,7 @@ class NvmlLayer:
     def close(self) -> None:
         if self._opened:
             self._opened = False
+            self.missing_calls.clear()
             try:
                 self.nvml.nvmlShutdown()
             except Exception:  # noqa: BLE001 - nothing useful to do on shutdown

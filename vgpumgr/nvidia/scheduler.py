@@ -4,8 +4,9 @@
 Two generations of calls: `nvmlDeviceGetVgpuSchedulerState/Log` and `nvmlDeviceSetVgpuSchedulerState` (NVML
 12.x, in every nvidia-ml-py the package allows; deprecated since NVML 13.0) and their `_v2` (per engine, ARR
 always on, from nvidia-ml-py 13.595.45). The `_v2` calls are used where the bindings have them and the driver
-answers them; otherwise the old ones. What the driver does not answer is listed under `not_supported` (a GPU
-without a vGPU manager answers NotSupported to all of it: nothing here is an error then).
+answers them; otherwise the old ones (a `_v2` the driver lacks is asked once per driver: sched_fields). What the
+driver does not answer is listed under `not_supported` (a GPU without a vGPU manager answers NotSupported to all
+of it: nothing here is an error then).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any
 from vgpumgr import ids
 from vgpumgr.nvidia import gi_scheduler as nvml_gi_scheduler
 from vgpumgr.nvidia.nvml import _ABSENT, SCHEDULER_POLICIES, NvmlLayer, nvml_error
-from vgpumgr.nvidia.sched_fields import ENGINES
-from vgpumgr.nvidia.sched_fields import FUNCTION_NOT_FOUND as _FUNCTION_NOT_FOUND
+from vgpumgr.nvidia.sched_fields import ENGINES, driver_may_have, function_not_found
 from vgpumgr.nvidia.sched_fields import entries as _entries
 from vgpumgr.nvidia.sched_fields import has as _has
 from vgpumgr.nvidia.sched_fields import v1_state as _v1_state
 
 POLICY_CODES = {v: k for k, v in SCHEDULER_POLICIES.items() if k}
+STATE_V2, LOG_V2 = "nvmlDeviceGetVgpuSchedulerState_v2", "nvmlDeviceGetVgpuSchedulerLog_v2"
 
 
 def _call(n: Any, absent: list[str], what: str, fn: Any, *args: Any) -> Any:
@@ -32,17 +33,41 @@ def _call(n: Any, absent: list[str], what: str, fn: Any, *args: Any) -> Any:
         return None
 
 
-def _v2_answers(n: Any, handle: Any) -> bool:
-    """The bindings have `_v2` and the driver answers it (an older driver answers FunctionNotFound)."""
-    if not (_has(n, "nvmlDeviceGetVgpuSchedulerState_v2") and _has(n, "c_nvmlVgpuSchedulerStateInfo_v2_t")):
+def _v2_usable(layer: NvmlLayer) -> bool:
+    return driver_may_have(layer, STATE_V2) and _has(layer.nvml, "c_nvmlVgpuSchedulerStateInfo_v2_t")
+
+
+def _v2_answers(layer: NvmlLayer, handle: Any) -> bool:
+    """The bindings have `_v2` and the driver answers it (an older driver answers FunctionNotFound, remembered)."""
+    if not _v2_usable(layer):
         return False
+    n = layer.nvml
     info = n.c_nvmlVgpuSchedulerStateInfo_v2_t()
     info.engineId = 1
     try:
         n.nvmlDeviceGetVgpuSchedulerState_v2(handle, info)
     except n.NVMLError as exc:
-        return getattr(exc, "value", None) != _FUNCTION_NOT_FOUND
+        return not function_not_found(layer, STATE_V2, exc)
     return True
+
+
+def _engines_v2(layer: NvmlLayer, handle: Any, absent: list[str]) -> dict[str, Any] | None:
+    """Each engine's state through `_v2`; None where the driver lacks it (FunctionNotFound, remembered)."""
+    n = layer.nvml
+    engines: dict[str, Any] = {}
+    for eid, name in ENGINES.items():
+        info = n.c_nvmlVgpuSchedulerStateInfo_v2_t()
+        info.engineId = eid
+        try:
+            got = n.nvmlDeviceGetVgpuSchedulerState_v2(handle, info)
+        except n.NVMLError as exc:
+            if function_not_found(layer, STATE_V2, exc):
+                return None
+            absent.append(f"state ({name})" if getattr(exc, "value", None) in _ABSENT else f"state ({name}) ({exc})")
+            continue
+        engines[name] = {"policy": SCHEDULER_POLICIES.get(got.schedulerPolicy, str(got.schedulerPolicy)),
+                         "arr": True, "timeslice_ns": got.timeslice or None, "avg_factor": got.avgFactor or None}
+    return engines
 
 
 def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
@@ -55,19 +80,11 @@ def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
     with layer._errors(f"reading the vGPU scheduler of {address}"):
         handle = layer._handle(address)
     absent: list[str] = []
-    v2 = _v2_answers(n, handle)
     caps = _call(n, absent, "capabilities", n.nvmlDeviceGetVgpuSchedulerCapabilities, handle)
-    engines: dict[str, Any] = {}
-    if v2:
-        for eid, name in ENGINES.items():
-            info = n.c_nvmlVgpuSchedulerStateInfo_v2_t()
-            info.engineId = eid
-            got = _call(n, absent, f"state ({name})", n.nvmlDeviceGetVgpuSchedulerState_v2, handle, info)
-            if got is not None:
-                engines[name] = {"policy": SCHEDULER_POLICIES.get(got.schedulerPolicy, str(got.schedulerPolicy)),
-                                 "arr": True, "timeslice_ns": got.timeslice or None,
-                                 "avg_factor": got.avgFactor or None}
-    else:
+    engines = _engines_v2(layer, handle, absent) if _v2_usable(layer) else None
+    v2 = engines is not None
+    if engines is None:
+        engines = {}
         st = _call(n, absent, "state", n.nvmlDeviceGetVgpuSchedulerState, handle)
         if st is not None:
             engines["graphics"] = _v1_state(n, st)
@@ -105,13 +122,13 @@ def read_log(layer: NvmlLayer, address: str, engine: int = 1) -> dict[str, Any]:
         handle = layer._handle(address)
     absent: list[str] = []
     log = None
-    if _has(n, "nvmlDeviceGetVgpuSchedulerLog_v2") and _has(n, "c_nvmlVgpuSchedulerLogInfo_v2_t"):
+    if driver_may_have(layer, LOG_V2) and _has(n, "c_nvmlVgpuSchedulerLogInfo_v2_t"):
         info = n.c_nvmlVgpuSchedulerLogInfo_v2_t()
         info.engineId = engine
         try:
             log = n.nvmlDeviceGetVgpuSchedulerLog_v2(handle, info)
         except n.NVMLError as exc:
-            if getattr(exc, "value", None) != _FUNCTION_NOT_FOUND:
+            if not function_not_found(layer, LOG_V2, exc):
                 absent.append("log" if getattr(exc, "value", None) in _ABSENT else f"log ({exc})")
                 return {"address": address, "policy": None, "timeslice_ns": None, "entries": [],
                         "not_supported": absent}
@@ -140,7 +157,7 @@ def apply(layer: NvmlLayer, address: str, policy: str, *, timeslice_ms: int | No
     with layer._errors(f"setting the vGPU scheduler of {address}"):
         handle = layer._handle(address)
         # _v2 has no time slice (ARR is always on, its slice 1/frequency): a time slice takes the old call
-        use_v2 = (api == "v2") if api else (not timeslice_ms and _v2_answers(n, handle))
+        use_v2 = (api == "v2") if api else (not timeslice_ms and _v2_answers(layer, handle))
         if use_v2:
             st = n.c_nvmlVgpuSchedulerState_v2_t()
             st.engineId = 1
