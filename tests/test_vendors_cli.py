@@ -7,7 +7,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lxml import etree
@@ -246,6 +249,53 @@ def test_amd_restore_checks_the_vf_count_and_names_the_reload(host: Host) -> Non
     assert (host.pci(MI300X) / "sriov_numvfs").read_text() == "1\n"  # never written by vgpumgr
     rc, out, _ = run("vendor", "prepare", MI300X, "--vfs", "8")
     assert rc == 4 and "(CPX/NPS4)" in out
+
+
+def boot_state(pf: str) -> tuple[int | None, dict[str, Any]]:
+    """(numvfs, vendor_state) recorded for `pf`."""
+    from sqlalchemy import text
+
+    from vgpumgr.config import Config
+    from vgpumgr.db.session import session_factory
+
+    with session_factory(Config.resolve().db_url)() as s:
+        row = s.execute(text("SELECT numvfs, vendor_state FROM gpu_boot_state WHERE address = :a"), {"a": pf}).one()
+    return row[0], json.loads(row[1]) if isinstance(row[1], str) else (row[1] or {})
+
+
+def opened_during(fn: Any, *needles: str) -> tuple[Any, Counter[str]]:
+    """(fn(), the files whose path holds one of `needles` opened while it ran): Python's audit hook on `open`
+    sees every sysfs read, whoever makes it."""
+    seen: Counter[str] = Counter()
+    active = [True]
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if active[0] and event == "open" and isinstance(args[0], str) and any(n in args[0] for n in needles):
+            seen[args[0].split("/sys/", 1)[-1]] += 1
+    sys.addaudithook(hook)  # cannot be removed: switched off below
+    try:
+        return fn(), seen
+    finally:
+        active[0] = False
+
+
+def test_restore_reads_a_gim_cards_count_once_and_it_is_recorded_once(host: Host) -> None:
+    """Issue 42: restore read whether a card's driver fixes its VF count up to three times per GPU (each time its
+    PCI ids), and the count was recorded twice (the PF's numvfs and a gim-vf-num vendor step)."""
+    ok("vm", "create", vm("a"), "--vgpu", "MI300X-CPX")
+    numvfs, vendor_state = boot_state(MI300X)
+    assert numvfs == 8 and "gim-vf-num" not in vendor_state
+    os.unlink(host.root / "etc/modprobe.d/gim.conf")  # GIM now loads with its default vf_num=1
+    ok("sim", "reboot")
+    for argv in (("restore", "--dry-run"), ("restore",)):
+        (rc, out, _), reads = opened_during(lambda argv=argv: run(*argv), f"{MI300X}/vendor", f"{MI300X}/device",
+                                            "gim/parameters/vf_num")
+        assert rc == 4 and "GIM made 1 VFs (vf_num=1, SPX/NPS1), 8 are recorded" in out
+        assert reads == {f"bus/pci/devices/{MI300X}/vendor": 1, f"bus/pci/devices/{MI300X}/device": 1,
+                         "module/gim/parameters/vf_num": 1}, reads
+    rc, out, _ = run("reconcile", "--json")  # the count recorded once is still checked
+    [drift] = json.loads(out)["vendor_drift"]
+    assert rc == 10 and drift["gpu"] == MI300X and drift["recorded"] == "GIM VFs 8" and "GIM made 1" in drift["actual"]
 
 
 def test_a_boot_profile_s_vf_count_on_gim_is_checked_not_written(host: Host, tmp_path: Path) -> None:

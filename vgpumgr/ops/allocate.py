@@ -74,9 +74,9 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
         if c.gpu and c.parent != c.gpu and ids.is_pci_address(c.parent):  # on a VF: remember its PF's VFs
             boot_records.remember_vfs_of(s, svc.host_id(s), svc.host, c.gpu)
         if c.gpu and (c.backend == BACKEND_VF or c.type.startswith("vnpu-")):  # a vendor card's mode steps
-            from vgpumgr.vendors.steps import observed
+            from vgpumgr.vendors.steps import observed, to_record
 
-            boot_records.remember_vendor(s, svc.host_id(s), c.gpu, observed(svc.host, c.gpu))
+            boot_records.remember_vendor(s, svc.host_id(s), c.gpu, to_record(observed(svc.host, c.gpu)))
         svc.event(s, audit.VGPU_CREATE, actor=actor, gpu=c.gpu, vm=vm, vgpu=row.uuid or row.pci_address,
                    detail={"type": c.type, "name": c.name, "parent": c.parent, "backend": c.backend})
         return allocation_dict(row, s, vm_name=vm)

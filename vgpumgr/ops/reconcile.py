@@ -88,7 +88,7 @@ def reconcile(svc: Context, *, fix: bool = False, remove_unknown: bool = False, 
                   "restored": restored, "removed": removed, "errors": errors, "fixed": fix}
         report["scheduler_drift"] = scheduler_ops.drift_report(svc.cfg, fix=fix, actor=actor)
         report["vgpu_mode_drift"] = vgpu_mode.drift(svc, svc.snapshot().inventory)
-        report["vendor_drift"] = restore_vendor.drift(svc)
+        report["vendor_drift"] = restore_vendor.drift(svc, svc.snapshot().inventory)
         unfixed = report["vgpu_mode_drift"] or report["vendor_drift"]  # only `restore` sets these again
         differs = missing or unknown or dead or found_stale or report["scheduler_drift"] or unfixed
         with svc.tx() as s:

@@ -8,6 +8,7 @@ failed   the kernel or NVML refused  skipped  waits for an earlier step
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Callable
@@ -49,12 +50,6 @@ class Want:
 
 
 
-def _fixed_vf_count(host: Any, pf: str) -> bool:
-    from vgpumgr.vendors.steps import fixed_vf_count
-
-    return fixed_vf_count(host, pf)
-
-
 class GpuRun:
     def __init__(self, svc: Context, layer: Any | None, want: Want, *, dry_run: bool, force: bool,
                  actor: str | None) -> None:
@@ -66,6 +61,20 @@ class GpuRun:
         self.mig_on_now = False
         self.vendor_waits: list[str] = []  # vendor steps that failed or are blocked: the VFs and mdevs wait
         self.unknown: list[str] = []
+
+    @functools.cached_property
+    def card(self) -> Any:
+        """The GPU's vendor profile (None: not a vendor card), read once per restore."""
+        from vgpumgr.vendors.steps import card_or_none
+
+        return card_or_none(self.host, self.w.gpu)
+
+    @property
+    def fixed_vfs(self) -> bool:
+        """Its driver fixes the VF count at load (AMD GIM): checked by a vendor step, never written."""
+        from vgpumgr.vendors.profiles import MODULE_VFS
+
+        return self.card is not None and self.card.mechanism == MODULE_VFS
 
     def step(self, kind: str, target: str, status: str, message: str, hint: str | None = None,
              **detail: Any) -> None:
@@ -99,7 +108,7 @@ class GpuRun:
         return True
 
     def all(self) -> None:
-        if self.w.vendor or (self.w.numvfs and _fixed_vf_count(self.host, self.w.gpu)):
+        if self.w.vendor or (self.w.numvfs and self.fixed_vfs):
             from vgpumgr.ops.restore_vendor import run_vendor_steps
 
             run_vendor_steps(self)  # before the VFs: Ascend's mode, Intel's quotas; AMD's VF count is checked there
@@ -132,7 +141,7 @@ class GpuRun:
     # -- 1. VFs ------------------------------------------------------------------------------------
     def vfs(self) -> None:
         pf, want = self.w.gpu, self.w.numvfs or 0
-        if self.w.vendor.get("gim-vf-num") or _fixed_vf_count(self.host, pf):
+        if self.fixed_vfs:
             return  # GIM makes its VFs at load: checked by the vendor step, never written
         if self.vendor_waits:  # e.g. Intel's quotas: VFs enabled without them get the driver's, fixed from then on
             self.step("vfs", pf, SKIPPED, f"{want} VFs: waits for an earlier step: {', '.join(self.vendor_waits)}",

@@ -18,18 +18,24 @@ ORDER = (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, vendors.STEP_I915
          vendors.STEP_XE_VRAM_QUOTA)
 
 
+def wanted(vendor_state: dict[str, Any], numvfs: int | None, fixed_vfs: bool) -> dict[str, Any]:
+    """The steps one card must hold, in order: its recorded vendor steps, and on a card whose driver fixes the VF
+    count at load (GIM) the PF's recorded VF count (or the boot profile's) as the `gim-vf-num` step."""
+    want = dict(vendor_state)
+    if numvfs and fixed_vfs:
+        want[vendors.STEP_GIM_VF_NUM] = {"vf_num": numvfs}  # the recorded VF count is what GIM must have made
+    return {k: want[k] for k in sorted(want, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))}
+
+
 def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
     """Each recorded step checked and brought back; one that failed or is blocked is named in `run.vendor_waits`,
     and the card's VFs and mdevs then wait for it (skipped): VFs enabled without Intel's quotas get the driver's
-    own, which no later restore can change while they exist."""
+    own, which no later restore can change while they exist. The card is the one `run` read (once per GPU)."""
     pf = run.w.gpu
-    want = dict(run.w.vendor)
-    if run.w.numvfs and vendor_steps.fixed_vf_count(run.host, pf):
-        want[vendors.STEP_GIM_VF_NUM] = {"vf_num": run.w.numvfs}  # the recorded VF count is what GIM must have made
-    for step in sorted(want, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
-        value = want[step]
+    want = wanted(run.w.vendor, run.w.numvfs, run.fixed_vfs)
+    for step, value in want.items():
         try:
-            now = vendor_steps.read_step(run.host, pf, step, value)
+            now = vendor_steps.read_step(run.host, pf, step, value, run.card)
         except VgpuError as e:
             run.step(step, pf, FAILED_, e.message, hint=e.hint)
             run.vendor_waits.append(step)
@@ -45,7 +51,7 @@ def run_vendor_steps(run: Any) -> None:  # run: restore_steps.GpuRun
             run.step(step, pf, PLANNED, f"would bring back {step}: {vendor_steps.step_text(value)} ({now.message})")
             continue
         try:
-            res = vendor_steps.apply(run.host, pf, step, value)
+            res = vendor_steps.apply(run.host, pf, step, value, run.card)
         except VgpuError as e:
             run.step(step, pf, FAILED_, f"{step}: {e.message}", hint=e.hint)
             run.vendor_waits.append(step)
@@ -71,18 +77,20 @@ def ensure_vnpu_mode(svc: Any, parent: str | None, type_id: str | None, actor: s
         svc.event(s, f"vendor.{vendors.STEP_ASCEND_VM_MODE}", actor=actor, gpu=pf, detail={"message": res.message})
 
 
-def drift(svc: Any) -> list[dict[str, Any]]:
-    """Cards whose recorded vendor steps (Ascend's VM mode, Intel's per-VF quotas) the card no longer holds: a
-    reboot or a module reload took them; `vgpumgr restore` writes them again. Read only; a card that cannot be
-    read is reported with why."""
+def drift(svc: Any, inventory: Any) -> list[dict[str, Any]]:
+    """Cards whose recorded vendor steps (Ascend's VM mode, Intel's per-VF quotas, GIM's VF count as the PF's
+    recorded VF count) the card no longer holds: a reboot or a module reload took them; `vgpumgr restore` writes
+    them again. Read only; a card that cannot be read is reported with why."""
     from vgpumgr.ops import boot_records
 
     with svc.reads() as s:
-        recorded = {gpu: dict(st.vendor_state) for gpu, st in boot_records.boot_states(s, svc.host_id(s)).items()
-                    if st.vendor_state}
+        states = boot_records.boot_states(s, svc.host_id(s))
+    fixed = {g.address for g in inventory.gpus if not g.is_vf
+             and (p := vendors.profile(g.vendor_id, g.device_id)) is not None and p.mechanism == vendors.MODULE_VFS}
     out = []
-    for pf, steps in sorted(recorded.items()):
-        for step in sorted(steps, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+    for pf, st in sorted(states.items()):
+        steps = wanted(dict(st.vendor_state or {}), st.numvfs, pf in fixed)
+        for step in steps:
             try:
                 now = vendor_steps.read_step(svc.host, pf, step, steps[step])
             except VgpuError as e:

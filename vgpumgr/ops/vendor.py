@@ -7,6 +7,7 @@ from typing import Any
 
 from vgpumgr import ids
 from vgpumgr.config import Config
+from vgpumgr.discovery.fs import read_int
 from vgpumgr.errors import InvalidInput, VgpuError
 from vgpumgr.ops.manual import _boot_record, audited
 from vgpumgr.vendors import profiles as vendors
@@ -48,9 +49,11 @@ def prepare(cfg: Config, address: str, *, vfs: int | None = None, vf_memory_mib:
     if not dry_run and all(r.ok for r in results):
         state = vendor_steps.observed(host, pf)
         audited(cfg, "vendor.prepare", gpu=pf, detail={"steps": out, "state": state})
-        _boot_record(cfg, "remember_vendor", pf, state)
+        _boot_record(cfg, "remember_vendor", pf, vendor_steps.to_record(state))
         if card.mechanism != vendors.MDEV:
-            _boot_record(cfg, "remember_numvfs", pf, vendor_steps.gim_state(host, pf)["numvfs"])
+            gim = state.get(vendors.STEP_GIM_VF_NUM) or {}  # GIM's count as `observed` just read it
+            numvfs = gim["vf_num"] if "vf_num" in gim else read_int(f"{host.pci(pf)}/sriov_numvfs", 0) or 0
+            _boot_record(cfg, "remember_numvfs", pf, numvfs)
     return out
 
 

@@ -251,9 +251,16 @@ def observed(host: Host, pf: str) -> dict[str, Any]:
     return out
 
 
-def apply(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResult:
-    """Bring one recorded step back (restore), or say what is in the way."""
-    p = card(host, pf)
+def to_record(state: dict[str, Any]) -> dict[str, Any]:
+    """What of `observed` goes into `vendor_state`: GIM's VF count is recorded once, as the PF's VF count
+    (gpu_boot_state.numvfs), which restore and reconcile check it against (records from before issue 42 kept it
+    here too; they are still read)."""
+    return {k: v for k, v in state.items() if k != vendors.STEP_GIM_VF_NUM}
+
+
+def apply(host: Host, pf: str, step: str, value: dict[str, Any], p: vendors.Profile | None = None) -> StepResult:
+    """Bring one recorded step back (restore), or say what is in the way. `p`: the card, where the caller read it."""
+    p = p or card(host, pf)
     rec = recorded(pf, step, value)
     if step == vendors.STEP_ASCEND_VM_MODE:
         return set_ascend_mode(host, pf, rec["mode"])
@@ -262,9 +269,10 @@ def apply(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResult:
     return set_quotas(host, pf, p, rec["quotas"])
 
 
-def read_step(host: Host, pf: str, step: str, value: dict[str, Any]) -> StepResult:
+def read_step(host: Host, pf: str, step: str, value: dict[str, Any], p: vendors.Profile | None = None
+              ) -> StepResult:
     """The same check without changing anything (restore --dry-run, reconcile's drift)."""
-    p = card(host, pf)
+    p = p or card(host, pf)
     rec = recorded(pf, step, value)
     if step == vendors.STEP_ASCEND_VM_MODE:
         mode = ascend_mode(host, pf)
@@ -298,9 +306,9 @@ def recorded(pf: str, step: str, value: Any) -> dict[str, Any]:
                        (vendors.STEP_ASCEND_VM_MODE, vendors.STEP_GIM_VF_NUM, *QUOTA_STEPS)))
 
 
-def fixed_vf_count(host: Host, pf: str) -> bool:
-    """A PF whose VF count its driver fixes at load (GIM): restore checks it instead of writing sriov_numvfs."""
+def card_or_none(host: Host, pf: str) -> vendors.Profile | None:
+    """`card`, or None where `pf` is no vendor card with a profile (an NVIDIA GPU, a virtual mdev parent)."""
     try:
-        return card(host, pf).mechanism == vendors.MODULE_VFS
+        return card(host, pf)
     except VgpuError:
-        return False
+        return None
