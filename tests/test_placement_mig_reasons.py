@@ -4,6 +4,7 @@ one, naming the GPU instances that hold the slices and the VMs whose vGPUs use t
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from vgpumgr.model import BACKEND_NVIDIA_VF
 from vgpumgr.placement.placer import Allocation, Request, explain_text, place
 
 H100 = "0000:65:00.0"
+A100 = "0000:65:00.0"  # the `a100-mig` simulated host's GPU
 VFS = vf_addresses(H100, 16)
 TABLE = mig.KNOWN_TABLES["h100-80gb"]
 TYPE_IDS = {"1g.10gb+me": 1130, "1g.10gb": 1131, "3g.40gb": 1134, "4g.40gb": 1135}
@@ -112,3 +114,43 @@ def test_on_a_simulated_a100_place_and_vgpu_see_the_free_instance_nvml_reports(t
     assert made["mig_profile"] == "1g.10gb"  # ... and records it, so it counts as used
     assert svc.free_gpu_instances(svc.nvml()) == {"0000:65:00.0": []}
     assert svc.place("A100D-1-10C").rejected[0].reason.endswith("one can be made (`vm create --mig 1g.10gb`)")
+
+
+def test_mig_placement_reads_the_live_rows_and_the_gpu_list_once(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42: choosing a GPU read the live rows twice (free instances, their VMs) and NVML's GPU list twice, and
+    `vm create --mig` read both again after choosing where it reused an instance."""
+    from test_hot_path import make_service
+
+    from vgpumgr.db import store
+    from vgpumgr.nvidia.nvml import NvmlLayer
+    from vgpumgr.ops import mig as mig_ops
+
+    svc = make_service(tmp_path, "a100-mig", vfs=4)
+    svc.create_vm("ml1", mig=["1g.10gb"])
+    svc.delete_vm("ml1")  # its GPU instance stays, free: the next one reuses it
+    counts = {"rows": 0, "gpus": 0}
+    real_rows, real_allocations, real_gpus = store.live_rows, store.allocations, NvmlLayer.gpus
+
+    def rows(*args: Any, **kwargs: Any) -> Any:
+        counts["rows"] += 1
+        return real_rows(*args, **kwargs)
+
+    def allocations(*args: Any, **kwargs: Any) -> Any:
+        counts["rows"] += kwargs.get("live") is True
+        return real_allocations(*args, **kwargs)
+
+    def gpus(self: NvmlLayer) -> Any:
+        counts["gpus"] += sys._getframe(1).f_code.co_filename == mig_ops.__file__  # asked by MIG placement
+        return real_gpus(self)
+
+    monkeypatch.setattr(mig_ops.store, "live_rows", rows)
+    monkeypatch.setattr(mig_ops.store, "allocations", allocations)
+    monkeypatch.setattr(NvmlLayer, "gpus", gpus)
+    layer = svc.nvml()
+    assert mig_ops.choose_gpu(svc, layer, "1g.10gb", None, "ml2") == (A100, False)
+    assert counts == {"rows": 1, "gpus": 1}
+    monkeypatch.setattr(mig_ops.alloc, "allocate", lambda *a, **kw: {"placed": kw["free_gpu_instances"]})
+    counts.update(rows=0, gpus=0)
+    assert mig_ops.allocate_mig(svc, "1g.10gb", vm="ml2") == {"placed": {A100: ["1g.10gb"]}}
+    assert counts == {"rows": 1, "gpus": 1}

@@ -4,6 +4,7 @@ vGPU type pinned to that GPU; a GPU instance made for a failed allocation is des
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from vgpumgr.db import store
@@ -36,15 +37,17 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
             found = alloc.by_key(svc, idempotency_key)
             if found is not None:
                 return found
-        gpu, make = choose_gpu(svc, layer, profile, policy, vm)
+        seen = MigState.read(svc, layer)
+        gpu, make = choose_gpu(svc, layer, profile, policy, vm, seen)
         created = None
+        free = seen.free
         if make:
             created = layer.create_gpu_instance(gpu, profile)
             svc.host.kernel.gpu_instances_changed(layer)
             svc.invalidate()
             with svc.tx() as s:
                 svc.event(s, "mig.gi.create", actor=actor, gpu=gpu, vm=vm, detail=created)
-        free = free_gpu_instances(svc, layer)
+            free = free_gpu_instances(svc, layer)  # with the one just made
         type_name = _mig_type_name(svc, profile, gpu, series)
         pinned = dataclasses.replace(policy or Policy(), pin_gpu=gpu)
         try:
@@ -62,15 +65,50 @@ def allocate_mig(svc: Context, profile: str, *, vm: str | None = None, policy: P
         return result
 
 
-def choose_gpu(svc: Context, layer, profile: str, policy: Policy | None, vm: str | None  # noqa: ANN001
-               ) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class MigState:
+    """What MIG placement reads, once: NVML's GPUs, their GPU instances no vGPU is bound to (profile names), and
+    the VMs of the live MIG-backed vGPUs (None: a vGPU without a VM), by GPU."""
+
+    gpus: dict[str, dict[str, Any]]
+    free: dict[str, list[str]]
+    users: dict[str, list[str | None]]
+
+    @classmethod
+    def read(cls, svc: Context, layer) -> MigState:  # noqa: ANN001
+        """One read of the live rows and one of NVML's GPU list."""
+        with svc.reads() as s:
+            rows = store.live_rows(s, svc.host_id(s))
+        gpus = layer.gpus()
+        used: dict[str | None, list[str]] = {}
+        users: dict[str, list[str | None]] = {}
+        for a in rows:
+            d = a.detail or {}
+            if d.get("mig_profile"):
+                used.setdefault(d.get("gpu"), []).append(d["mig_profile"])
+                if d.get("gpu"):
+                    users.setdefault(d["gpu"], []).append(a.vm_name)
+        free: dict[str, list[str]] = {}
+        for addr, g in gpus.items():
+            if (g.get("mig") or {}).get("current") != "enabled":
+                continue
+            names = [gi["profile"] for gi in g["mig"]["gpu_instances"]]
+            for p in used.get(addr, []):
+                if p in names:
+                    names.remove(p)
+            free[addr] = names
+        return cls(gpus, free, users)
+
+
+def choose_gpu(svc: Context, layer, profile: str, policy: Policy | None, vm: str | None,  # noqa: ANN001
+               seen: MigState | None = None) -> tuple[str, bool]:
     """(GPU, whether its GPU instance must be made) for a vGPU needing `profile`; NoCapacity naming each GPU's
-    true reason otherwise (MIG off, no room for the profile and what holds its slices, the policy)."""
+    true reason otherwise (MIG off, no room for the profile and what holds its slices, the policy). `seen`: what
+    the caller read (MigState.read), else read here."""
     from vgpumgr.mig.facts import MigFacts, users_text
 
-    free = free_gpu_instances(svc, layer)
-    users = _mig_users(svc)
-    gpus = layer.gpus()
+    seen = seen or MigState.read(svc, layer)
+    free, users, gpus = seen.free, seen.users, seen.gpus
     reasons: dict[str, str] = {}
     room: list[str] = []
     for addr in sorted(gpus):
@@ -96,17 +134,6 @@ def choose_gpu(svc: Context, layer, profile: str, policy: Policy | None, vm: str
                           "a smaller profile")
 
 
-def _mig_users(svc: Context) -> dict[str, list[str | None]]:
-    """The VMs of the live MIG-backed vGPUs, by GPU (None: a vGPU without a VM)."""
-    out: dict[str, list[str | None]] = {}
-    with svc.reads() as s:
-        for a in store.live_rows(s, svc.host_id(s)):
-            d = a.detail or {}
-            if d.get("mig_profile") and d.get("gpu"):
-                out.setdefault(d["gpu"], []).append(a.vm_name)
-    return out
-
-
 def _remember_gpu_instances(svc: Context, layer, gpu: str, profile: str) -> None:  # noqa: ANN001
     """Record the GPU's instances of this profile at their placements, for `vgpumgr restore`."""
     gis = [gi for gi in (layer.gpu(gpu).get("mig") or {}).get("gpu_instances", []) if gi["profile"] == profile]
@@ -117,22 +144,7 @@ def _remember_gpu_instances(svc: Context, layer, gpu: str, profile: str) -> None
 
 def free_gpu_instances(svc: Context, layer) -> dict[str, list[str]]:  # noqa: ANN001
     """GPU instances not yet bound to a vGPU, by GPU address (profile names)."""
-    with svc.sessions() as s:
-        used: dict[str, list[str]] = {}
-        for a in store.allocations(s, svc.host_id(s), live=True):
-            p = (a.detail or {}).get("mig_profile")
-            if p:
-                used.setdefault((a.detail or {}).get("gpu"), []).append(p)
-    out: dict[str, list[str]] = {}
-    for addr, g in layer.gpus().items():
-        if (g.get("mig") or {}).get("current") != "enabled":
-            continue
-        names = [gi["profile"] for gi in g["mig"]["gpu_instances"]]
-        for p in used.get(addr, []):
-            if p in names:
-                names.remove(p)
-        out[addr] = names
-    return out
+    return MigState.read(svc, layer).free
 
 
 def instance_ids(layer) -> set[tuple[str, int]]:  # noqa: ANN001
