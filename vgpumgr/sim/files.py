@@ -18,12 +18,15 @@ from pathlib import Path
 def write(path: Path | str, content: str) -> None:
     """Create or overwrite a file with `content`: open(2) with O_TRUNC, one write(2), close(2), as
     open(path, "w") would do, without the text layer's fstat, ioctl and lseek."""
-    data = content.encode()
+    _write_bytes(path, content.encode(), 0o666)
+
+
+def _write_bytes(path: Path | str, data: bytes, mode: int) -> None:
     try:
-        fd = os.open(path, _NEW, 0o666)
+        fd = os.open(path, _NEW, mode)
     except FileNotFoundError:  # first file of a new directory: make it only then (keeps `sim create` fast)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, _NEW, 0o666)
+        fd = os.open(path, _NEW, mode)
     try:
         if data:
             os.write(fd, data)
@@ -161,16 +164,7 @@ def make_value(value: str, data: bytes) -> None:
     """Write a value file under a private name and link it into place, so no reader ever links or reads
     half of one; a value another process made meanwhile is the same bytes."""
     tmp = f"{value}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, _NEW, 0o644)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(value), exist_ok=True)
-        fd = os.open(tmp, _NEW, 0o644)
-    try:
-        if data:
-            os.write(fd, data)
-    finally:
-        os.close(fd)
+    _write_bytes(tmp, data, 0o644)
     try:
         os.link(tmp, value)
     except FileExistsError:
