@@ -70,15 +70,20 @@ def _engines_v2(layer: NvmlLayer, handle: Any, absent: list[str]) -> dict[str, A
     return engines
 
 
+def _gpu(layer: NvmlLayer, address: str, doing: str) -> tuple[str, Any]:
+    """(the checked address, NVML's handle of the GPU); NVML's errors said as `doing` ... of the address."""
+    layer._require()
+    address = ids.pci_address(address)
+    with layer._errors(f"{doing} of {address}"):
+        return address, layer._handle(address)
+
+
 def read(layer: NvmlLayer, address: str) -> dict[str, Any]:
     """Capabilities, the state of each engine and which calls answered: {"address", "api", "capabilities",
     "engines": {"graphics": {...}}, "active_vgpus", "mig", "heterogeneous_mode", "gpu_instances" (with MIG on:
     each GPU instance's scheduler, vgpumgr.nvidia.gi_scheduler), "mig_note", "not_supported"}."""
-    layer._require()
+    address, handle = _gpu(layer, address, "reading the vGPU scheduler")
     n = layer.nvml
-    address = ids.pci_address(address)
-    with layer._errors(f"reading the vGPU scheduler of {address}"):
-        handle = layer._handle(address)
     absent: list[str] = []
     caps = _call(n, absent, "capabilities", n.nvmlDeviceGetVgpuSchedulerCapabilities, handle)
     engines = _engines_v2(layer, handle, absent) if _v2_usable(layer) else None
@@ -115,11 +120,8 @@ def read_log(layer: NvmlLayer, address: str, engine: int = 1) -> dict[str, Any]:
     """The driver's log of the last time slices: {"policy", "timeslice_ns", "entries": [{"timestamp_ns",
     "run_ns", "total_ns", "runlist", "target_ns", "preemption_ns"}], "not_supported"}. NVML keeps 200 entries:
     read it at least 5 times a second to see every slice (the header)."""
-    layer._require()
+    address, handle = _gpu(layer, address, "reading the vGPU scheduler log")
     n = layer.nvml
-    address = ids.pci_address(address)
-    with layer._errors(f"reading the vGPU scheduler log of {address}"):
-        handle = layer._handle(address)
     absent: list[str] = []
     log = None
     if driver_may_have(layer, LOG_V2) and _has(n, "c_nvmlVgpuSchedulerLogInfo_v2_t"):
