@@ -22,7 +22,7 @@ from vgpumgr.errors import InvalidInput
 from vgpumgr.fleet.store import GpuOffer, HostRow, OfferGroup
 from vgpumgr.ids import parse_type_name, vm_name
 from vgpumgr.nvidia import compat
-from vgpumgr.placement.placer import STRATEGIES
+from vgpumgr.placement.placer import STRATEGIES, requested_type
 
 STALE, CORDONED, SOURCE, NOT_OFFERED, MODEL_DENIED, INCOMPATIBLE, NO_CAPACITY = (
     "stale", "cordoned", "source", "not-offered", "model-denied", "incompatible", "no-capacity")
@@ -39,11 +39,7 @@ class FleetRequest:
     deny_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        t = (self.type or "").strip()
-        if not t or len(t) > 128:
-            raise InvalidInput(f"'{self.type}' is not a vGPU type",
-                               hint="name a type by its short name (L40S-4Q), full name or type id")
-        object.__setattr__(self, "type", t)
+        object.__setattr__(self, "type", requested_type(self.type))
         if self.vm is not None:
             object.__setattr__(self, "vm", vm_name(self.vm))
         if not isinstance(self.count, int) or not 1 <= self.count <= MAX_COUNT:

@@ -70,6 +70,15 @@ class Allocation:
         return (self.parent, self.id)
 
 
+def requested_type(value: str | None) -> str:
+    """A vGPU type as a request names it (this host's placement, the fleet's), checked and stripped."""
+    wanted = (value or "").strip()
+    if not wanted or len(wanted) > 128:
+        raise InvalidInput(f"'{value}' is not a vGPU type",
+                           hint="name a type by its short name (T4-4Q), full name (GRID T4-4Q) or id (nvidia-232)")
+    return wanted
+
+
 @dataclass(frozen=True)
 class Request:
     """One vGPU: `type` is an id (nvidia-232), a full name (GRID T4-4Q) or a short name (T4-4Q)."""
@@ -78,11 +87,7 @@ class Request:
     vm: str | None = None
 
     def __post_init__(self) -> None:
-        wanted = (self.type or "").strip()
-        if not wanted or len(wanted) > 128:
-            raise InvalidInput(f"'{self.type}' is not a vGPU type",
-                               hint="name a type by id (nvidia-232), name (GRID T4-4Q) or short name (T4-4Q)")
-        object.__setattr__(self, "type", wanted)
+        object.__setattr__(self, "type", requested_type(self.type))
         if self.vm is not None:
             object.__setattr__(self, "vm", ids.vm_name(self.vm))
 
