@@ -122,11 +122,9 @@ class GuestSampler:
         if not address or not ids.is_pci_address(address):
             return "10de"
         if address not in self._vendors:
-            try:
-                raw = (self.svc.cfg.host.pci(address) / "vendor").read_text().strip()
-            except OSError:
-                raw = "0x10de"
-            self._vendors[address] = raw.removeprefix("0x").lower()
+            from vgpumgr.discovery.fs import read_id
+
+            self._vendors[address] = read_id(f"{self.svc.cfg.host.pci(address)}/vendor") or "10de"
         return self._vendors[address]
 
     def _read(self, vm: str, vm_uuid: str, where: str, devices: list[dict[str, Any]]) -> None:
