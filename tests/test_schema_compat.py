@@ -210,7 +210,7 @@ def test_backup_of_postgresql_points_at_pg_dump(simhost: Path, pg_server: object
 # -- upgrade check -----------------------------------------------------------------------------------------------
 def test_upgrade_check_names_a_kernel_without_vendor_vfs(simhost: Path) -> None:
     assert run("vm", "create", "web1", "--vgpu", "L40S-2Q")[0] == 0
-    (simhost / "proc/sys/kernel").mkdir(parents=True)
+    (simhost / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
     (simhost / "proc/sys/kernel/osrelease").write_text("6.12.9-amd64\n")
     rc, out, _ = run("upgrade", "check")
     assert rc == 0 and "WARN   vms     1 VM(s) with vGPUs recorded here: web1" in out, out

@@ -47,6 +47,7 @@ EXTRA_MODULES = {
     "vgpumgr.cli.gpu": ("gpu",),
     "vgpumgr.cli.vendor": ("vendor",),
     "vgpumgr.cli.guests": ("guests",),
+    "vgpumgr.cli.doctor": ("doctor",),
 }
 _VALUE_OPTIONS = ("--sysfs-root", "--state-dir", "--db", "--connect")
 
@@ -167,6 +168,15 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p = cmd(sim, ("sim", "reboot"), "vgpumgr.sim.cli:reboot",
             "lose what a host reboot or driver reload loses: VFs, vGPU types, mdevs, MIG instances")
     p.add_argument("--json", action="store_true")
+    p = cmd(sim, ("sim", "break"), "vgpumgr.sim.cli:break_",
+            "make one thing fail as it fails on a host, for `vgpumgr doctor` to find (tests, demos)")
+    p.add_argument("state", metavar="STATE", help="no-virt, no-kvm, iommu-off, module-missing, unit-failed, "
+                                                  "no-vgpu-driver, secure-boot, nouveau, unbound, vfs-off, branch, "
+                                                  "mig-pending")
+    p.add_argument("--gpu", metavar="BDF", help="the GPU (default: the first NVIDIA GPU)")
+    p.add_argument("--module", metavar="NAME", help="module-missing: the module (default vfio_pci)")
+    p.add_argument("--unit", metavar="NAME", help="unit-failed: the unit (default nvidia-vgpu-mgr.service)")
+    p.add_argument("--driver", metavar="VERSION", help="branch: the driver version to pretend")
     p = cmd(sim, ("sim", "hold"), "vgpumgr.sim.cli:hold", "pretend a process holds a device open (tests, demo)")
     p.add_argument("target", metavar="UUID|BDF")
     p.add_argument("--by", default="qemu-system-x86", help="process name")

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 SIM_MARKER = ".vgpumgr-sim.json"  # the simulator's state file; kept here so both sides agree on its name
 KERNEL_FILE = ".vgpumgr-kernel"   # "package.module:Class" of the Kernel that applies this root's writes
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "UnitFileState", "After")
 _KERNEL_SPEC = r"vgpumgr(\.[a-z_][a-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*"  # compiled only when a tree names one
 
 
@@ -57,6 +58,20 @@ class Kernel:
 
     def vm_stopping(self, xml: str) -> None:
         """A domain vgpumgr stops (or whose release came): on a real host QEMU lets its vGPUs go."""
+
+    def unit_state(self, name: str) -> dict[str, str]:
+        """systemd's properties of unit `name` (UNIT_PROPERTIES); {} when systemd cannot be asked. A simulated
+        root answers from its own table, so `doctor` can be shown a failed unit."""
+        import subprocess
+
+        try:
+            res = subprocess.run(["systemctl", "show", "--no-pager", "-p", ",".join(UNIT_PROPERTIES), "--", name],
+                                 capture_output=True, text=True, timeout=15)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if res.returncode != 0:
+            return {}
+        return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
 
 
 class Host:

@@ -79,6 +79,16 @@ def reboot(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def break_(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.sim.host_platform import break_state
+
+    cfg = simulated_config(args, "break")
+    gpu = ids.pci_address(args.gpu) if args.gpu else None
+    what = break_state(cfg.host.root, args.state, gpu, args.module, args.unit, args.driver)
+    out.write(f"simulated host broken: {what}\n`vgpumgr doctor` should name it with its fix\n")
+    return 0
+
+
 def guest(args: argparse.Namespace, out: TextIO) -> int:
     """`vgpumgr sim guest start|stop|load|licence|list`: the simulated NVML's running vGPUs."""
     from vgpumgr.sim import guests
@@ -158,7 +168,7 @@ def _boot_guest(cfg: Config, args: argparse.Namespace, vm: dict[str, str | None]
 
     from vgpumgr.service import Service
     from vgpumgr.sim import guest_agent, guest_licence
-    from vgpumgr.virt.domain import fwcfg_entries
+    from vgpumgr.virt.driver.domain import fwcfg_entries
 
     os_id = {"linux": "debian", "windows": "mswindows"}[args.os or "linux"]
     d = guest_agent.define(cfg.state_dir / "libvirt-test", vm["vm_uuid"], os_id=os_id,

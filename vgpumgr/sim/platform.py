@@ -65,3 +65,8 @@ class SimKernel(Kernel):
         from vgpumgr.sim.guest_link import stopped
 
         stopped(self.host, xml)
+
+    def unit_state(self, name: str) -> dict[str, str]:
+        from vgpumgr.sim.host_platform import unit_state
+
+        return unit_state(self.host.root, name)

@@ -10,7 +10,7 @@ from typing import Any
 
 from vgpumgr.errors import Conflict, InvalidInput
 from vgpumgr.hostfs.root import SIM_MARKER
-from vgpumgr.sim import catalog, vendor_gpus
+from vgpumgr.sim import catalog, host_platform, vendor_gpus
 from vgpumgr.sim.files import write
 from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu
 from vgpumgr.sim.platform import mark, nvml_state_path
@@ -193,6 +193,7 @@ def _populate(root: Path, profile: str, scale: int, vfs: int | None) -> None:
     _build(tree, profile, scale, vfs)
     tree.save(force=True)
     _create_nvml(root, tree)
+    host_platform.populate(root, nvidia=any(g.get("vendor") == NVIDIA for g in tree.state["gpus"].values()))
     mark(root)
 
 

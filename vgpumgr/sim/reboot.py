@@ -49,8 +49,9 @@ def reboot(root: Path) -> dict[str, Any]:
             report["mdevs"] += 1
         for address in sorted(os.listdir(pci)):
             _disable_vfs(tree, address, report)
-        for proc in (root / "proc").iterdir():  # no process survives a reboot
-            shutil.rmtree(proc, ignore_errors=True)
+        for proc in (root / "proc").iterdir():  # no process survives a reboot (cpuinfo, modules, ... stay)
+            if proc.name.isdigit():
+                shutil.rmtree(proc, ignore_errors=True)
         for address in sorted(os.listdir(pci)):
             _default_driver(tree, address, report)
         report["iommu_groups"] = {a: list(v) for a, v in tree.renumber_iommu_groups().items()}
