@@ -189,7 +189,7 @@ def _gpu_state(tree: Any, state: str, address: str, driver: str | None) -> None:
 
 def _nvml(tree: Any, change: Any) -> None:
     from vgpumgr.sim.nvml import write_state
-    from vgpumgr.sim.platform import nvml_state_path
+    from vgpumgr.sim.paths import nvml_state_path
 
     path = nvml_state_path(tree.root)
     if not path.exists():
