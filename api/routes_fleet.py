@@ -38,6 +38,16 @@ def host_status(host: str | None = Query(default=None, min_length=1, max_length=
     return svc.host_status(host)
 
 
+@router.get("/host/doctor", tags=["fleet"])
+def host_doctor(gpu: str | None = Query(default=None, max_length=16, description="only this GPU's checks"),
+                svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    """`vgpumgr doctor --json` of the host serving: every check with its level (PASS, NOTE, WARN, FAIL), what was
+    found and, for every result that is not PASS, the hint that fixes it; `ok` is false when a check FAILs."""
+    from vgpumgr.ops.doctor.registry import run
+
+    return run(svc.cfg, svc.hostname, gpu).as_dict()
+
+
 @router.post("/host/cordon", tags=["fleet"])
 def cordon(body: CordonIn, svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))
            ) -> dict[str, Any]:

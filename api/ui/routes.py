@@ -305,6 +305,18 @@ def audit_export(request: Request, q: AuditQuery = Depends(), format: str = Quer
         "Content-Disposition": f'attachment; filename="vgpumgr-audit.{format}"', "Cache-Control": "no-store"})
 
 
+@router.get("/doctor")
+def doctor_page(request: Request, svc: Service = Depends(service), _: Token = Depends(reader)) -> Response:
+    from vgpumgr.ops.doctor.registry import run
+
+    report = run(svc.cfg, svc.hostname)
+    sections: dict[str, list[Any]] = {}
+    for r in report.results:
+        sections.setdefault(r.section, []).append(r)
+    return render(request, "doctor.html", host=svc.hostname, sections=sections, counts=report.counts(),
+                  failed=report.failed)
+
+
 @router.get("/reconcile")
 def reconcile_page(request: Request, svc: Service = Depends(service), token: Token = Depends(reader)
                    ) -> Response:
