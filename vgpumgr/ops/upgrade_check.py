@@ -11,7 +11,9 @@ Findings are "block" (the upgrade would break something: exit 10), "warn" or "in
 - kernel: the next boot's kernel (newest in /boot, or --kernel) against what the recorded vGPUs need: NVIDIA's
   vendor-specific VF interface exists from kernel 6.8 on;
 - driver: the NVIDIA host driver (/sys/module/nvidia/version) against --driver: a new branch may not offer
-  the recorded vGPU types, and unloading it stops every vGPU VM.
+  the recorded vGPU types, and unloading it stops every vGPU VM;
+- gpu: per NVIDIA GPU, from the support matrix (ops/upgrade_gpus.py): a branch that does not support the card, a
+  kernel the driver is known not to build on, mixed-size mode or MIG-backed vGPU lost.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from vgpumgr.db.models import LIVE_STATES, utcnow
 from vgpumgr.db.session import READ_ONLY, get_engine, stored_state
 from vgpumgr.errors import SchemaMismatch
 from vgpumgr.kinds import BACKEND_NVIDIA_VF
+from vgpumgr.ops import upgrade_gpus
+from vgpumgr.ops.upgrade_gpus import GuestRule
 
 VENDOR_VF_KERNEL = (6, 8)
 VENDOR_VF_BACKENDS = (BACKEND_NVIDIA_VF,)
@@ -52,6 +56,7 @@ class Report:
     kernel: dict[str, str | None]
     driver: dict[str, str | None]
     findings: list[Finding] = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def blocked(self) -> bool:
@@ -60,7 +65,7 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "version": self.version, "ok": not self.blocked, "schema": self.schema,
                 "hosts": self.hosts, "vms": self.vms, "kernel": self.kernel, "driver": self.driver,
-                "findings": [f.as_dict() for f in self.findings]}
+                "gpus": self.gpus, "findings": [f.as_dict() for f in self.findings]}
 
 
 def kernel_tuple(release: str | None) -> tuple[int, int] | None:
@@ -88,14 +93,16 @@ def nvidia_driver(cfg: Config) -> str | None:
 
 
 def check(cfg: Config, hostname: str, *, kernel: str | None = None, driver: str | None = None,
-          window: timedelta = schema.LIVE_WINDOW) -> Report:
+          window: timedelta = schema.LIVE_WINDOW, guests: GuestRule | None = None) -> Report:
+    """`guests`: the guest/host driver window rule (upgrade_gpus.GuestRule), asked per VM with vGPUs here."""
     from sqlalchemy import bindparam, text
 
     engine = get_engine(cfg.db_url)
     state = stored_state(cfg.db_url) or schema.State(None)  # no schema yet: State(None)
     known = (state.ordinal or 0) >= 1
     hosts: list[schema.HostVersion] = []
-    records: list[tuple[str | None, str, str | None, str]] = []
+    records: list[tuple[str | None, str, str | None, str, str | None]] = []
+    modes: dict[str, str] = {}
     with engine.connect().execution_options(**{READ_ONLY: True}) as conn:  # no write lock: it changes nothing
         if (state.ordinal or 0) >= 9:
             hosts = schema.host_versions(conn, utcnow(), window)
@@ -105,15 +112,24 @@ def check(cfg: Config, hostname: str, *, kernel: str | None = None, driver: str 
         if known:
             live = bindparam("live", expanding=True)
             rows = conn.execute(text(
-                "SELECT v.name, a.backend, a.type_name, a.type_id FROM allocations a JOIN hosts h ON h.id = a.host_id "
-                "LEFT JOIN vms v ON v.id = a.vm_id WHERE h.name = :h AND a.state IN :live ORDER BY a.id"
+                "SELECT v.name, a.backend, a.type_name, a.type_id, g.address FROM allocations a "
+                "JOIN hosts h ON h.id = a.host_id LEFT JOIN vms v ON v.id = a.vm_id "
+                "LEFT JOIN gpus g ON g.id = a.gpu_id "
+                "WHERE h.name = :h AND a.state IN :live ORDER BY a.id"
             ).bindparams(live), {"h": hostname, "live": list(LIVE_STATES)}).all()
-            records = [(r[0], r[1], r[2], r[3]) for r in rows]
+            records = [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        if (state.ordinal or 0) >= 10:
+            modes = {a: m for a, m in conn.execute(text(
+                "SELECT b.address, b.vgpu_mode FROM gpu_boot_state b JOIN hosts h ON h.id = b.host_id "
+                "WHERE h.name = :h AND b.vgpu_mode IS NOT NULL"), {"h": hostname}).all()}
     report = Report(hostname, schema.code_version(), {}, [h.as_dict() for h in hosts],
                     sorted({vm for vm, *_ in records if vm}), {}, {})
     _schema(report, state, hosts, hostname, engine.dialect.name)
     _fleet(report, hosts, hostname)
     _vms_kernel_driver(report, cfg, records, kernel, driver)
+    say = lambda sev, area, msg: report.findings.append(Finding(sev, area, msg))  # noqa: E731
+    report.gpus = upgrade_gpus.check(say, cfg, records, report.driver["running"], report.kernel["next"], driver,
+                                     modes, guests, report.vms)
     return report
 
 
@@ -163,7 +179,7 @@ def _fleet(report: Report, hosts: list[schema.HostVersion], me: str) -> None:
                                                         f"(schema {h.schema or 0:04d}, {when})"))
 
 
-def _vms_kernel_driver(report: Report, cfg: Config, records: list[tuple[str | None, str, str | None, str]],
+def _vms_kernel_driver(report: Report, cfg: Config, records: list[tuple[str | None, str, str | None, str, Any]],
                        kernel: str | None, driver: str | None) -> None:
     say = report.findings.append
     running = running_kernel(cfg)
