@@ -73,6 +73,8 @@ def allocate(svc: Context, type_name: str, *, vm: str | None = None, policy: Pol
         store.activate(s, row, keep_owner=leases.is_holding())
         if c.gpu and c.parent != c.gpu and ids.is_pci_address(c.parent):  # on a VF: remember its PF's VFs
             boot_records.remember_vfs_of(s, svc.host_id(s), svc.host, c.gpu)
+        # and every other NVIDIA GPU's enabled VFs, vGPUs on them or not: a reboot must give back what was offered
+        boot_records.remember_enabled_vfs(s, svc.host_id(s), svc.snapshot().inventory.gpus)
         if c.gpu and (c.backend == BACKEND_VF or c.type.startswith("vnpu-")):  # a vendor card's mode steps
             from vgpumgr.vendors.steps import observed, to_record
 

@@ -7,6 +7,7 @@ manual CLI commands that have no service).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,26 @@ def remember_vfs_of(s: Session, host_id: int, host: Host, pf: str) -> None:
     n = read_int(f"{host.pci(pf)}/sriov_numvfs", 0) or 0
     if n:
         remember_numvfs(s, host_id, pf, n)
+
+
+def remember_enabled_vfs(s: Session, host_id: int, gpus: Iterable[Any]) -> list[str]:
+    """The VF count of every NVIDIA SR-IOV GPU (inventory `gpus`) that has VFs enabled now, vGPUs on them or not:
+    a reboot or a driver reload takes them, and `restore` gives them back. Returns the PFs whose record changed."""
+    seen = {g.address: g.sriov.numvfs for g in gpus
+            if g.vendor_id == "10de" and g.physfn is None and g.sriov is not None and g.sriov.numvfs}
+    if not seen:
+        return []
+    rows = boot_states(s, host_id)
+    changed = []
+    for address, n in sorted(seen.items()):
+        row = rows.get(address)
+        if row is None:
+            row = GpuBootState(host_id=host_id, address=address)
+            s.add(row)
+        if row.numvfs != n:
+            row.numvfs = n
+            changed.append(address)
+    return changed
 
 
 def remember_vendor(s: Session, host_id: int, pf: str, state: dict[str, Any]) -> None:

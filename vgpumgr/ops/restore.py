@@ -29,6 +29,9 @@ Progress = Callable[[dict[str, Any]], None]
 def restore(svc: Context, *, dry_run: bool = False, force: bool = False, profile: BootProfile | None = None,
             actor: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
     with svc.locked():
+        if not dry_run:  # VFs enabled before restore ran (NVIDIA's or Proxmox's unit, by hand): kept for next time
+            with svc.tx() as s:
+                boot_records.remember_enabled_vfs(s, svc.host_id(s), svc.snapshot(refresh=True).inventory.gpus)
         wants = desired(svc, profile)
         layer = _nvml(svc) if any(w.mig or w.gis or w.scheduler for w in wants.values()) else None
         reports = []

@@ -525,6 +525,13 @@ def _place(px: Placer, records: Sequence[Allocation], request: Request, policy: 
         if whole:
             raise InvalidInput(f"'{wanted}' cannot be a slice on this host: {whole}",
                                hint="a passthrough-only card has no vGPU types")
+        off = _vfs_off(px, wanted)
+        if off:
+            listed = ", ".join(f"{g.name} at {g.address}" for g in off)
+            raise NotFound(f"no parent on this host offers vGPU type '{wanted}': the SR-IOV VFs of {listed} are "
+                           "off (a reboot or driver reload disables them), and its vGPU types exist only on VFs",
+                           hint="run `vgpumgr restore` (it enables the VFs vgpumgr recorded) or "
+                                + "; ".join(f"`/usr/lib/nvidia/sriov-manage -e {g.address}`" for g in off))
         hint = vendors.no_vfs_hint(wanted, [(g.address, g.vendor_id, g.device_id, g.sriov.numvfs) for g in px.inv.gpus
                                             if g.sriov is not None]) or _close_names(px, wanted)
         raise NotFound(f"no parent on this host offers vGPU type '{wanted}'", hint=hint)
@@ -606,6 +613,15 @@ def _matched_by_model_name(px: Placer, allocations: list[Allocation],
     return out
 
 
+def _vfs_off(px: Placer, wanted: str) -> list[Any]:
+    """The NVIDIA SR-IOV GPUs whose model offers `wanted` (NVML's catalogue) but whose VFs are all off."""
+    w = wanted.lower()
+    models = {model for model, cat in px.catalogue.items()
+              if any(w in (i.type.lower(), i.name.lower(), i.short.lower()) for i in cat.values())}
+    return [g for g in px.inv.gpus if g.physfn is None and g.vendor_id == "10de" and (g.vendor_id, g.device_id)
+            in models and g.sriov is not None and g.sriov.totalvfs and not g.sriov.numvfs]
+
+
 def _close_names(px: Placer, wanted: str) -> str:
     names: dict[str, str] = {}
     for cat in px.catalogue.values():
@@ -614,7 +630,9 @@ def _close_names(px: Placer, wanted: str) -> str:
             names.setdefault(i.type.lower(), i.type)
     import difflib  # only for the hint of a NotFound: kept off the start path
 
-    close = difflib.get_close_matches(wanted.lower().split()[-1], list(names), n=5, cutoff=0.6)
+    typed = {wanted.lower(), wanted.lower().split()[-1]}
+    close = [c for c in difflib.get_close_matches(wanted.lower().split()[-1], list(names), n=6, cutoff=0.6)
+             if c not in typed][:5]  # never the very name that was typed
     if close:
         return "did you mean " + ", ".join(names[c] for c in close) + "? `vgpumgr types` lists every type"
     return "`vgpumgr types` lists the types this host offers"
