@@ -209,12 +209,18 @@ def test_mdevs_on_virtual_parents_come_back_too(tmp_path: Path) -> None:
 
 
 def test_only_recorded_gpus_are_touched(tmp_path: Path) -> None:
+    from vgpumgr.sim.host_platform import break_state
+
     svc = make_service(tmp_path, "mixed", vfs=4)
+    break_state(svc.host.root, "vfs-off", "0000:65:00.0")  # the A100's VFs were off when vgpumgr looked
+    svc.invalidate()
     svc.allocate("T4-4Q", vm="a")
     real_reboot(svc)
     r = svc.restore(force=True)
-    assert [g["gpu"] for g in r["gpus"]] == ["0000:3b:00.0"]
-    assert read_int(f"{svc.host.pci('0000:3d:00.0')}/sriov_numvfs") == 0  # the L40S had nothing recorded
+    # issue 38: the L40S's enabled VFs were recorded at the allocation although no vGPU was on them
+    assert [g["gpu"] for g in r["gpus"]] == ["0000:3b:00.0", "0000:3d:00.0"]
+    assert read_int(f"{svc.host.pci('0000:3d:00.0')}/sriov_numvfs") == 4
+    assert read_int(f"{svc.host.pci('0000:65:00.0')}/sriov_numvfs") == 0  # the A100 had nothing recorded
 
 
 def test_cli_json_report_with_progress_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
