@@ -106,3 +106,14 @@ def test_profile_errors(tmp_path: Path) -> None:
     with pytest.raises(Conflict, match="not a simulated host"):
         profiles.create(tmp_path / "z", "t4", force=True)
     assert discover_mdevs(make(tmp_path, "samples")) == []
+
+
+
+def test_sim_create_help_lists_every_profile_from_the_one_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from vgpumgr.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["sim", "create", "--help"])  # argparse writes its help to sys.stdout
+    text = " ".join(capsys.readouterr().out.split())
+    assert len(profiles.PROFILES) == 19 and "all" in profiles.PROFILES and "mi300x" in profiles.PROFILES
+    assert all(f" {name}," in text or f" {name} " in text for name in profiles.PROFILES), text

@@ -160,8 +160,9 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     sim = group("sim", "simulated hosts for demos, tests and benchmarks")
     p = cmd(sim, ("sim", "create"), "vgpumgr.sim.cli:create", "build a simulated sysfs tree")
     p.add_argument("dir", metavar="DIR")
-    p.add_argument("--profile", default="mixed", help="t4, a40-sriov, l40s-vfio, a100-mig, h100-mig, gvtg, "
-                                                      "samples, mixed")
+    names = importlib.import_module("vgpumgr.sim.profile_names").PROFILES if only in (None, "sim") else ()
+    p.add_argument("--profile", default="mixed", metavar="PROFILE",
+                   help=f"one of: {', '.join(names)} (README, 'The simulated host')")
     p.add_argument("--scale", type=int, default=1, help="copies of the profile's GPUs")
     p.add_argument("--vfs", type=int, default=None, help="VFs to enable per SR-IOV GPU")
     p.add_argument("--force", action="store_true", help="rebuild an existing simulated tree")

@@ -106,6 +106,10 @@ def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
         engine = create_engine(parsed, **kwargs)
         _sqlite_setup(engine)
         return engine
+    if parsed.get_backend_name() == "postgresql" and "client_encoding" not in parsed.query:
+        # A database created SQL_ASCII (initdb under LANG=C or POSIX) hands psycopg bytes for every text value
+        # unless the client asks for UTF8, and SQLAlchemy's first connect then fails parsing the server's version.
+        kwargs["connect_args"] = {"client_encoding": "utf8", **kwargs.get("connect_args", {})}
     try:
         engine = create_engine(parsed, **kwargs)
     except ImportError as exc:
@@ -315,6 +319,15 @@ def stored_state(url: str) -> schema.State | None:
             if _no_table(exc):
                 return None
             raise unreachable(engine, exc) from exc
+
+
+def server_encoding(engine: Engine) -> str | None:
+    """PostgreSQL's server_encoding of the database (UTF8; SQL_ASCII stores bytes unchecked)."""
+    from sqlalchemy import text
+
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        value = conn.execute(text("SHOW server_encoding")).scalar()
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def stored_revision(url: str) -> str | None:

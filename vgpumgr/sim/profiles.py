@@ -10,7 +10,7 @@ from typing import Any
 
 from vgpumgr.errors import Conflict, InvalidInput
 from vgpumgr.hostfs.root import SIM_MARKER
-from vgpumgr.sim import catalog, host_platform, vendor_gpus
+from vgpumgr.sim import catalog, host_platform, profile_names, vendor_gpus
 from vgpumgr.sim.files import write
 from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu
 from vgpumgr.sim.platform import mark, nvml_state_path
@@ -165,7 +165,8 @@ VENDOR_CARDS: dict[str, Callable[[SimTree], None]] = {
 VENDOR_PROFILES: dict[str, tuple[str, ...]] = {name: (name,) for name in VENDOR_CARDS}
 VENDOR_PROFILES["all"] = tuple(VENDOR_CARDS)  # with the mixed host's NVIDIA GPUs and GVT-g
 
-PROFILES = ("t4", "a40-sriov", "l40s-vfio", "a100-mig", "h100-mig", "gvtg", "samples", "mixed", *VENDOR_PROFILES)
+PROFILES = profile_names.PROFILES
+assert set(PROFILES) == {*profile_names.NVIDIA, *VENDOR_PROFILES}, "sim/profile_names.py is the one table"
 
 
 def add_samples(tree: SimTree) -> None:
