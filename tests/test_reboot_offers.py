@@ -11,7 +11,7 @@ import pytest
 from simhost import run
 
 from vgpumgr.config import Config
-from vgpumgr.placement import _close_names
+from vgpumgr.placement.placer import _close_names
 from vgpumgr.service import Service
 from vgpumgr.sim import profiles
 

@@ -20,7 +20,7 @@ GuestRule = Callable[[str, str], Sequence[Any]]
 
 def gpus(cfg: Any) -> list[Any]:
     from vgpumgr.discovery.pci import discover_gpus
-    from vgpumgr.nvml_facts import merge_nvml
+    from vgpumgr.nvidia.facts import merge_nvml
 
     found = discover_gpus(cfg.host)
     merge_nvml(cfg, found, quiet=True)

@@ -4,11 +4,11 @@ recorded, the boot display (docs/sources.md §25; causes N2, N4, N6, N7, N8, N13
 
 from __future__ import annotations
 
-from vgpumgr.vendors import profiles as vendors
 from vgpumgr.model import BACKEND_NVIDIA_VF, Gpu
 from vgpumgr.ops import support_matrix
 from vgpumgr.ops.doctor.facts import NVIDIA, VENDOR_VF_KERNEL, Facts
 from vgpumgr.ops.doctor.report import Section
+from vgpumgr.vendors import profiles as vendors
 
 TITLE = "GPUs"
 NOUVEAU = ("blacklist nouveau: `blacklist nouveau` and `options nouveau modeset=0` in "

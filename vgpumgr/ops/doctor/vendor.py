@@ -10,8 +10,8 @@ TITLE = "vendor steps"
 
 
 def recorded_steps(s: Section, f: Facts) -> None:
-    from vgpumgr.vendors import steps as vendor_steps
     from vgpumgr.errors import VgpuError
+    from vgpumgr.vendors import steps as vendor_steps
 
     checked = {g.address for g in f.physical}
     for address, rec in sorted((f.records or {}).items()):
@@ -32,8 +32,8 @@ def recorded_steps(s: Section, f: Facts) -> None:
 
 
 def ascend_mode(s: Section, f: Facts) -> None:
-    from vgpumgr.vendors import steps as vendor_steps
     from vgpumgr.vendors import profiles as vendors
+    from vgpumgr.vendors import steps as vendor_steps
 
     for g in f.physical:
         p = vendors.profile(g.vendor_id, g.device_id)
