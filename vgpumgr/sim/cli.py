@@ -166,10 +166,9 @@ def _boot_guest(cfg: Config, args: argparse.Namespace, vm: dict[str, str | None]
         return None
     from pathlib import Path
 
-    from vgpumgr.virt.driver.domain import fwcfg_entries
-
     from vgpumgr.service import Service
     from vgpumgr.sim import guest_agent, guest_licence
+    from vgpumgr.virt.domain import fwcfg_entries
 
     os_id = {"linux": "debian", "windows": "mswindows"}[args.os or "linux"]
     d = guest_agent.define(cfg.state_dir / "libvirt-test", vm["vm_uuid"], os_id=os_id,
