@@ -143,7 +143,10 @@ class Facts:
 
     @cached_property
     def iommu_groups(self) -> list[str]:
-        return [g for g in self.listdir("sys/kernel/iommu_groups") if g.isdigit()]
+        """The IOMMU groups that hold a PCI function, in number order. Every mdev gets a group of its own even
+        without an IOMMU (vfio-mdev makes them), so those do not say the IOMMU is on."""
+        groups = [g for g in self.listdir("sys/kernel/iommu_groups") if g.isdigit()]
+        return sorted((g for g in groups if any(ids.is_pci_address(d) for d in self.iommu_members(int(g)))), key=int)
 
     def iommu_members(self, group: int | None) -> list[str]:
         return [] if group is None else self.listdir(f"sys/kernel/iommu_groups/{group}/devices")

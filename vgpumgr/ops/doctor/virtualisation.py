@@ -51,12 +51,14 @@ def iommu_groups(s: Section, f: Facts) -> None:
     check = "IOMMU enabled by the kernel"
     n = len(f.iommu_groups)
     if n:
-        s.pass_("iommu", check, f"{n} IOMMU group(s) in /sys/kernel/iommu_groups")
+        shown = ", ".join(f.iommu_groups[:8]) + (", ..." if n > 8 else "")
+        s.pass_("iommu", check, f"{n} IOMMU group(s) with PCI devices in /sys/kernel/iommu_groups ({shown})")
         return
     param = {"intel": "intel_iommu=on iommu=pt", "amd": "amd_iommu=on iommu=pt"}.get(_vendor(f) or "",
                                                                                     "intel_iommu=on iommu=pt")
-    s.fail("iommu", check, "no IOMMU groups: VFs and passthrough cannot be given to VMs (legacy mdev vGPUs may still "
-                           "work)", hint=f"add {param} to {GRUB}; and enable VT-d/AMD-Vi in the BIOS")
+    s.fail("iommu", check, "no IOMMU group holds a PCI device: VFs and passthrough cannot be given to VMs (legacy "
+                           "mdev vGPUs may still work)",
+           hint=f"add {param} to {GRUB}; and enable VT-d/AMD-Vi in the BIOS")
 
 
 def gpu_iommu_groups(s: Section, f: Facts) -> None:
