@@ -1,5 +1,5 @@
 """NVIDIA's vGPU support matrix as far as public sources say (support_matrix.json beside this file; its rows
-name their sources, docs/sources.md §25): which branch a driver version belongs to, whether a branch supports a
+name their sources, docs/sources.md §26): which branch a driver version belongs to, whether a branch supports a
 card on the host side, which kernels a branch or version is known not to build on. `doctor` and `upgrade check`
 read it; "unknown" is an answer, never taken for yes or no."""
 

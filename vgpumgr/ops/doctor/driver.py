@@ -1,6 +1,6 @@
 """Section "NVIDIA driver" (host-wide): the kernel module loaded for the running kernel, Secure Boot refusing an
 unsigned one, a vGPU host driver rather than a data-center or guest driver, its version and branch
-(docs/sources.md §25; causes N1, N16, N17 of the facts)."""
+(docs/sources.md §26; causes N1, N16, N17 of the facts)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Section "GPUs": per physical GPU, the driver bound against what its mechanism needs, the branch against the
 card, SR-IOV VFs and their driver, the interface its types are on, MIG mode pending a reset, mixed-size mode as
-recorded, the boot display (docs/sources.md §25; causes N2, N4, N6, N7, N8, N13, N15 of the facts)."""
+recorded, the boot display (docs/sources.md §26; causes N2, N4, N6, N7, N8, N13, N15 of the facts)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Section "services": NVIDIA's vGPU units (a healthy `nvidia-vgpud` is inactive with exit status 0) and
-vgpumgr's own, enabled and ordered after NVIDIA's (docs/sources.md §25; causes N9, N10 of the facts)."""
+vgpumgr's own, enabled and ordered after NVIDIA's (docs/sources.md §26; causes N9, N10 of the facts)."""
 
 from __future__ import annotations
 

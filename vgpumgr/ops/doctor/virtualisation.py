@@ -1,5 +1,5 @@
 """Section "virtualisation": CPU flags and /dev/kvm (libvirt's checks 1-3), the IOMMU (ACPI table, kernel
-groups: checks 8-9), each GPU's IOMMU group, and the VFIO and mdev modules (docs/sources.md §25)."""
+groups: checks 8-9), each GPU's IOMMU group, and the VFIO and mdev modules (docs/sources.md §26)."""
 
 from __future__ import annotations
 
