@@ -62,7 +62,7 @@ class Support:
 
 
 def family_of(device_id: str) -> dict[str, Any] | None:
-    d = device_id.lower().removeprefix("0x")
+    d = device_id.lower()  # as discovery spells it (discovery.fs.read_id): "26b9"
     return next((f for f in data()["families"] if d in f["devices"]), None)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vgpumgr import ids
+from vgpumgr.nvidia import mixed
 from vgpumgr.ops import support_matrix as sm
 
 NVIDIA = "10de"
@@ -51,7 +52,7 @@ def check(say: Callable[[str, str, str], None], cfg: Any, records: list[tuple[An
                 f"type ({len(mine)} recorded vGPU(s) here); branches that support it: {kept} ({sup.source})")
         elif sup.answer == sm.UNKNOWN and driver:
             say("info", "gpu", f"{card}: {sup.words(g.name, branch)}")
-        mode = boot_modes.get(g.address) or (((g.nvml or {}).get("vgpu") or {}).get("mixed_size") or {}).get("mode")
+        mode = boot_modes.get(g.address) or mixed.mode_of(g.nvml)
         mixed_from = sm.feature("mixed-size")["from_branch"]
         if mode == "mixed" and sm.branch_number(branch) < sm.branch_number(mixed_from):
             say("block" if mine else "warn", "gpu", f"{card}: mixed-size mode exists from {sm.release_name(mixed_from)}"

@@ -5,6 +5,7 @@ recorded, the boot display (docs/sources.md §26; causes N2, N4, N6, N7, N8, N13
 from __future__ import annotations
 
 from vgpumgr.model import BACKEND_NVIDIA_VF, Gpu
+from vgpumgr.nvidia import mixed
 from vgpumgr.ops import support_matrix
 from vgpumgr.ops.doctor.facts import NVIDIA, VENDOR_VF_KERNEL, Facts
 from vgpumgr.ops.doctor.report import Section
@@ -141,8 +142,7 @@ def mig_pending(s: Section, f: Facts, g: Gpu) -> None:
 
 def mixed_mode(s: Section, f: Facts, g: Gpu) -> None:
     recorded = ((f.records or {}).get(g.address) or {}).get("vgpu_mode")
-    vgpu = (g.nvml or {}).get("vgpu") or {}
-    now = (vgpu.get("mixed_size") or {}).get("mode")
+    now = mixed.mode_of(g.nvml)
     if not recorded or now is None:
         return
     check = "vGPU mode as recorded"
