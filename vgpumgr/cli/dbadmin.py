@@ -161,11 +161,28 @@ def db_restore(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _guest_rule(args: argparse.Namespace) -> Any:
+    """NVIDIA's guest/host driver window (ops.guest_check), read once for the planned driver and asked per VM."""
+    from vgpumgr.cli.vm import service
+    from vgpumgr.ops import guest_check
+
+    found: dict[str, list[dict[str, Any]]] = {}
+
+    def rule(vm: str, planned: str) -> list[tuple[str, str, str]]:
+        if not found:
+            found["rows"] = guest_check.rows(service(args), planned)["vgpus"]
+        return [("block", "guest", f"VM {vm}: guest driver {r['guest_driver']} on {r['gpu']}: {r['reason']}")
+                for r in found["rows"] if r["vm"] == vm and r["accepted"] is False]
+
+    return rule
+
+
 def upgrade_check(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.ops.context import hostname
     from vgpumgr.ops.upgrade_check import check
 
-    report = check(_cfg(args), hostname(), kernel=args.kernel, driver=args.driver)
+    report = check(_cfg(args), hostname(), kernel=args.kernel, driver=args.driver,
+                   guests=_guest_rule(args) if args.driver else None)
     if args.json:
         dump_json(out, report.as_dict())
         return 10 if report.blocked else 0
