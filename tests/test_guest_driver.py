@@ -82,7 +82,8 @@ def test_guests_check_finds_a_guest_outside_the_window_now_and_after_a_planned_d
     # the upgrade check says the same before a host driver upgrade (issue 38's --driver)
     up = json.loads(cli("upgrade", "check", "--driver", "595.58.02", "--json", rc=10))
     guest = [f for f in up["findings"] if f["area"] == "guest"]
-    assert len(guest) == 1 and guest[0]["severity"] == "block" and "VM old: guest driver 550.54.15" in guest[0]["message"]
+    assert len(guest) == 1 and guest[0]["severity"] == "block"
+    assert "VM old: guest driver 550.54.15" in guest[0]["message"]
     rc, _, err = run(*g, "guests", "check", "--driver", "latest")
     assert rc != 0 and "--driver 'latest' is not an NVIDIA driver version" in err
 
