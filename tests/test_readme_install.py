@@ -55,7 +55,7 @@ def test_readme_install_and_upgrade_lines_work_as_written(tmp_path: Path, pg_ser
         assert p.returncode == 0, f"README line failed ({p.returncode}): {line}\n{p.stdout}\n{p.stderr}"
         return p
 
-    install = block_after("## Installing on a host")
+    install = block_after("**With pip**")  # the package's lines: tests/deb/test_package.py
     ran = [sh(line) for line in install if not line.startswith(("systemctl", "/opt/vgpumgr/bin/vgpumgr install-units"))]
     assert len(ran) == 2 and "database at revision" in ran[-1].stdout  # the venv + pip line, then db upgrade
     freeze = subprocess.run([str(opt / "bin/pip"), "freeze"], capture_output=True, text=True, check=True).stdout
