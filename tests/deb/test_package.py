@@ -29,6 +29,7 @@ from vgpumgr.sim import profiles
 LAB_ROOT = Path(os.environ.get("MDEVLAB_SYSTEMD_DIR", "/var/tmp/vgpumgr-mdev-lab-systemd")) / "root"
 README = wheels.REPO / "README.md"
 SIM = "/srv/simhost"  # the simulated host, inside the throw-away root
+DEBS = "/srv/debs"  # where the packages are put in the root (the README's lines run there)
 KERNEL = "6.1.0-56-amd64"
 
 EXPAND = '''"""Package test: one more table (the next release's expand step).
@@ -163,8 +164,9 @@ def test_install_upgrade_refused_upgrade_remove_purge(root: Chroot, tmp_path: Pa
                                   cwd=src_next, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     # the README's install line, as written, in the root
-    (root.path / "root" / deb_n.name).write_bytes(deb_n.read_bytes())
-    out = root.sh(f"cd /root && {install}").stdout
+    (root.path / DEBS.lstrip("/")).mkdir(parents=True)
+    shutil.copy(deb_n, root.path / DEBS.lstrip("/"))
+    out = root.sh(f"cd {DEBS} && {install}").stdout
     assert "upgrading the SQLite database" in out and "vgpumgr-restore.service runs at every boot" in out, out
     assert os.readlink(root.path / "usr/bin/vgpumgr") == "/opt/vgpumgr/bin/vgpumgr"
     unit = (root.path / "lib/systemd/system/vgpumgr-restore.service").read_text()
@@ -191,11 +193,11 @@ def test_install_upgrade_refused_upgrade_remove_purge(root: Chroot, tmp_path: Pa
     out_next, err_next = build_next.communicate(timeout=1200)
     assert build_next.returncode == 0, err_next
     deb_next = Path(out_next.strip().splitlines()[-1])
-    (root.path / "root" / deb_next.name).write_bytes(deb_next.read_bytes())
+    shutil.copy(deb_next, root.path / DEBS.lstrip("/"))
 
     # refused: a VM runs here and the next boot's kernel is another one
     (sim / "boot/vmlinuz-6.12.0-99-amd64").write_text("")
-    p = root.sh(f"dpkg -i /root/{deb_next.name}", ok=False)
+    p = root.sh(f"dpkg -i {DEBS}/{deb_next.name}", ok=False)
     assert p.returncode != 0
     assert "refuses this upgrade" in p.stderr and "nothing was changed" in p.stderr, p.stderr
     assert "6.12.0-99-amd64" in p.stdout + p.stderr and "vm1" in p.stdout + p.stderr
@@ -205,7 +207,7 @@ def test_install_upgrade_refused_upgrade_remove_purge(root: Chroot, tmp_path: Pa
 
     # the kernel question settled: N+1 installs over N
     (sim / "boot/vmlinuz-6.12.0-99-amd64").unlink()
-    out = root.sh(f"cd /root && apt install ./{deb_next.name}").stdout
+    out = root.sh(f"cd {DEBS} && apt install ./{deb_next.name}").stdout
     assert f"applied {new_rev}" in out, out
     assert root.sh("dpkg-query -W -f='${Version}' vgpumgr").stdout == nxt
     assert root.vgpumgr("db", "current").stdout.strip() == new_rev
