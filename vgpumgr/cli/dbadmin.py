@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json
-from vgpumgr.errors import Conflict
+from vgpumgr.errors import Conflict, InvalidInput
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -20,8 +20,19 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
                    help="with --contract: a retired host whose recorded version does not count (repeat)")
     p.add_argument("--dry-run", action="store_true", help="say what would be applied, change nothing")
     p.add_argument("--json", action="store_true")
-    p = cmd(db, ("db", "downgrade"), "vgpumgr.cli.dbadmin:db_downgrade", "downgrade the schema")
-    p.add_argument("revision", help="target revision, or 'base'")
+    p = cmd(db, ("db", "downgrade"), "vgpumgr.cli.dbadmin:db_downgrade",
+            "take the schema back to an earlier revision of this vgpumgr (drops what later steps added: a backup "
+            "is taken first, and the loss must be confirmed with --yes-destroy-data)")
+    p.add_argument("revision", metavar="REVISION",
+                   help="a revision of this vgpumgr (`vgpumgr db current --json` shows the database's), or base")
+    p.add_argument("--yes-destroy-data", action="store_true",
+                   help="go ahead: drop the tables and columns the undone steps added, with their rows")
+    p.add_argument("--backup", metavar="FILE", help="SQLite: where the backup goes (default: beside the database, "
+                                                    "<db>.before-downgrade-<revision>-<time>)")
+    p.add_argument("--no-backup", action="store_true",
+                   help="PostgreSQL: confirm that you took a backup yourself (pg_dump); vgpumgr cannot take one")
+    p.add_argument("--dry-run", action="store_true", help="say what would be dropped, change nothing")
+    p.add_argument("--json", action="store_true")
     p = cmd(db, ("db", "current"), "vgpumgr.cli.dbadmin:db_current",
             "print the schema revision (--json: contract level, this code's revision, compatibility)")
     p.add_argument("--json", action="store_true")
@@ -86,12 +97,46 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def db_downgrade(args: argparse.Namespace, out: TextIO) -> int:
-    from vgpumgr.db.session import current_revision, downgrade, forget_schema
+    from vgpumgr.db import admin
+    from vgpumgr.db.models import utcnow
+    from vgpumgr.db.session import get_engine
+    from vgpumgr.ops.context import hostname
 
     cfg = _cfg(args)
-    downgrade(cfg.db_url, args.revision)
-    forget_schema(cfg.db_url)
-    out.write(f"database at revision {current_revision(cfg.db_url) or 'base (empty)'}\n")
+    plan = admin.downgrade_plan(cfg.db_url, args.revision)  # an unknown revision: exit 2, nothing changed
+    lost = ", ".join(f"{t} ({n} rows)" for t, n in plan.dropped.items()) or "no table (columns and indexes only)"
+    if not plan.steps:
+        out.write(f"the database is already at revision {plan.current}; nothing to do\n")
+        return 0
+    if args.dry_run or not args.yes_destroy_data:
+        if args.json:
+            dump_json(out, plan.as_dict())
+        else:
+            out.write(f"db downgrade {plan.current} -> {plan.target} would undo "
+                      f"{', '.join(s.revision for s in plan.steps)} and drop {lost}\n")
+        if args.dry_run:
+            return 0
+        raise InvalidInput("db downgrade destroys data; nothing was changed",
+                           hint="add --yes-destroy-data to go ahead (SQLite: a backup is taken first)")
+    sqlite = get_engine(cfg.db_url).dialect.name == "sqlite"
+    if not sqlite and not args.no_backup:
+        raise InvalidInput("vgpumgr cannot back up a PostgreSQL database; nothing was changed",
+                           hint="take one (pg_dump --format=custom --file FILE URL), then add --no-backup")
+    dest = None
+    if sqlite:
+        db = Path(get_engine(cfg.db_url).url.database or "")
+        stamp = utcnow().strftime("%Y%m%dT%H%M%SZ")
+        dest = Path(args.backup) if args.backup else db.with_name(f"{db.name}.before-downgrade-{plan.current}-{stamp}")
+    plan = admin.downgrade(cfg.db_url, plan, backup_to=dest, actor=cfg.actor, host=hostname())
+    if args.json:
+        dump_json(out, plan.as_dict())
+        return 0
+    out.write(f"database at revision {plan.target if plan.target != admin.BASE else 'base (empty)'}; dropped {lost}\n")
+    if plan.backup:
+        out.write(f"the database as it was is in {plan.backup} (`vgpumgr db restore` takes it back)\n")
+    if plan.audit_events is not None:
+        out.write(f"the audit trail ({plan.audit_events} events) was dropped with it"
+                  + (f"; it is kept in {plan.backup}\n" if plan.backup else "\n"))
     return 0
 
 

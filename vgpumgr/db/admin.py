@@ -1,10 +1,10 @@
-"""`vgpumgr db upgrade|current|backup|restore`: the schema changed on purpose, and copies that restore."""
+"""`vgpumgr db upgrade|downgrade|current|backup|restore`: the schema changed on purpose, and copies that restore."""
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
-import tempfile
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from vgpumgr.db.session import (
     session_factory,
     stored_state,
 )
-from vgpumgr.errors import AuditBroken, Conflict, InvalidInput, NotFound, SchemaMismatch
+from vgpumgr.errors import AuditBroken, InvalidInput, NotFound, SchemaMismatch
 
 
 def upgrade(url: str, *, contract: bool = False, ignore: frozenset[str] = frozenset(), me: str = "",
@@ -55,6 +55,99 @@ def _state(conn: Any) -> schema.State:
             return schema.read_state(conn)
     except DBAPIError:  # no alembic_version yet: an empty database
         return schema.State(None)
+
+
+# -- downgrade: only to a revision of this vgpumgr's own chain, a backup first, the loss confirmed ---------------
+BASE = "base"
+_CREATED = re.compile(r"create_table\(\s*[\"'](\w+)[\"']")
+
+
+@dataclass
+class Downgrade:
+    """What `db downgrade` undoes: the steps (newest first), the tables they drop with their rows now."""
+
+    current: str | None
+    target: str
+    steps: list[schema.Step]
+    dropped: dict[str, int]  # table -> rows it holds now
+    backup: str | None = None
+    done: bool = False
+
+    @property
+    def audit_events(self) -> int | None:
+        return self.dropped.get("audit_events")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"current": self.current, "target": self.target, "steps": [s.as_dict() for s in self.steps],
+                "dropped_tables": self.dropped, "backup": self.backup, "done": self.done}
+
+
+def known_revisions() -> list[str]:
+    return [BASE, *(s.revision for s in schema.steps())]
+
+
+def downgrade_plan(url: str, revision: str) -> Downgrade:
+    """Pure reading: refused (InvalidInput, exit 2) unless `revision` is `base` or a revision of this vgpumgr's own
+    chain older than the database's, and the database's revision is one this code knows (it can only undo steps
+    it has the code of)."""
+    known = known_revisions()
+    if revision not in known:
+        raise InvalidInput(f"'{revision[:80]}' is not a schema revision of this vgpumgr; nothing was changed",
+                           hint=f"the revisions it knows: {', '.join(known)} (`vgpumgr db current` shows the "
+                                "database's)")
+    state = stored_state(url)
+    if state is None or state.revision is None:
+        raise InvalidInput("the database has no schema: there is nothing to downgrade")
+    mine = {s.revision: s for s in schema.steps()}
+    if state.revision not in mine:
+        raise InvalidInput(f"the database is at schema revision {state.revision}, which this vgpumgr "
+                           f"({schema.code_version()}) has no code for; it cannot undo it",
+                           hint="downgrade with the vgpumgr release that made that revision")
+    at, to = mine[state.revision].ordinal, 0 if revision == BASE else mine[revision].ordinal
+    if to > at:
+        raise InvalidInput(f"{revision} is newer than the database's revision {state.revision}",
+                           hint="`vgpumgr db upgrade` brings the schema forward")
+    undone = [s for s in reversed(schema.steps()) if to < s.ordinal <= at]
+    return Downgrade(state.revision, revision, undone, _row_counts(url, _tables_created(undone)))
+
+
+def _tables_created(steps: list[schema.Step]) -> list[str]:
+    names: list[str] = []
+    for step in steps:
+        for path in (schema.MIGRATIONS_DIR / "versions").glob(f"{step.ordinal:04d}_*.py"):
+            names += _CREATED.findall(path.read_text())
+    return names
+
+
+def _row_counts(url: str, tables: list[str]) -> dict[str, int]:
+    from sqlalchemy import inspect, text
+
+    with get_engine(url).connect() as conn:
+        present = set(inspect(conn).get_table_names())
+        return {t: int(conn.execute(text(f'SELECT count(*) FROM "{t}"')).scalar() or 0)  # noqa: S608 - own names
+                for t in tables if t in present}
+
+
+def downgrade(url: str, plan: Downgrade, *, backup_to: Path | None, actor: str, host: str) -> Downgrade:
+    """Carry out `plan` (from downgrade_plan, confirmed by the caller): an audit event first (it is in the backup
+    even when the audit trail itself is dropped), then the backup (SQLite: `backup_to`; PostgreSQL: None, the
+    operator's pg_dump), then the steps in one transaction."""
+    from vgpumgr import audit
+    from vgpumgr.db.session import downgrade as run_downgrade
+
+    if not plan.steps:
+        return plan
+    detail = {"from": plan.current, "to": plan.target, "dropped_tables": plan.dropped,
+              "backup": str(backup_to) if backup_to else None}
+    with session_factory(url).begin() as s:
+        audit.record(s, actor=actor, action="db.downgrade", outcome="warning", host=host, detail=detail)
+    plan.dropped = _row_counts(url, list(plan.dropped))  # with that event: what the backup holds
+    if backup_to is not None:
+        plan.backup = backup(url, backup_to).path
+    run_downgrade(url, plan.target)
+    forget_schema(url)
+    plan.done = True
+    return plan
 
 
 @dataclass
@@ -115,7 +208,7 @@ def verified(path: Path) -> Copy:
     if not path.is_file():
         raise NotFound(f"{path} does not exist", hint="name the backup file written by `vgpumgr db backup`")
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as raw:  # closed: no lock outlives it
             revision = raw.execute("SELECT version_num FROM alembic_version").fetchone()[0]
     except (sqlite3.DatabaseError, TypeError) as exc:
         raise InvalidInput(f"{path} is not a vgpumgr SQLite database ({exc})",
@@ -137,27 +230,19 @@ def verified(path: Path) -> Copy:
 def backup(url: str, dest: Path, *, force: bool = False) -> Copy:
     """SQLite's online backup API: a consistent copy while the service keeps writing (the write-ahead log
     included, which a `cp` of the database file misses), made beside `dest` and renamed into place once its
-    audit chain verifies; 0600."""
+    audit chain verifies; 0600, in rollback-journal mode, nothing else left beside it (vgpumgr.userinput.files)."""
+    from vgpumgr.userinput import files
+
     src = _sqlite_path(url, "backup")  # copied as it is: a backup before `db upgrade` must keep the old schema
     if not src.is_file():
         raise NotFound(f"there is no database at {src}", hint="check --db / VGPUMGR_DB")
-    dest = dest.absolute()
-    if dest.exists() and not force:
-        raise Conflict(f"{dest} exists", hint="name a new file, or add --force to replace it")
-    if not dest.parent.is_dir():
-        raise NotFound(f"the directory {dest.parent} does not exist", hint="create it, or name another file")
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o600)
+    with files.atomic_target(dest, what="db backup", replace=force, mode=0o600) as tmp:
         with closing(sqlite3.connect(src)) as live, closing(sqlite3.connect(tmp)) as out:
             live.backup(out)
-        copy = verified(Path(tmp))
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    copy.path = str(dest)
+        copy = verified(tmp)
+        with closing(sqlite3.connect(tmp)) as out:  # a WAL database keeps -wal/-shm files named after tmp
+            out.execute("PRAGMA journal_mode=DELETE").fetchall()
+    copy.path = str(Path(dest).absolute())
     return copy
 
 

