@@ -115,3 +115,54 @@ def test_backup_leaves_only_the_file_asked_for(simhost: Path, tmp_path: Path) ->
         assert rc == code, (bad, err)
     assert sorted(os.listdir(out_dir)) == ["b.db", "d"]
     assert stat.S_ISDIR((out_dir / "d").stat().st_mode)
+
+
+# -- the licence token ------------------------------------------------------------------------------------------
+def _jwt() -> bytes:
+    import base64
+
+    def b64(obj: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+    return f"{b64({'alg': 'RS256', 'typ': 'JWT'})}.{b64({'iss': 'NLS'})}.{b64('sig')}".encode()
+
+
+def test_token_set_takes_only_a_token_shaped_regular_file(simhost: Path, tmp_path: Path) -> None:
+    import socket
+
+    state = tmp_path / "state"
+    (tmp_path / "bin.tok").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "passwd.tok").write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/:/usr/sbin/nologin\n")
+    (tmp_path / "shadowline.tok").write_text("root:$6$salt$hash:19000:0:99999:7:::\n")
+    (tmp_path / "blank.tok").write_text("\n\n")
+    (tmp_path / "two.tok").write_text("abc.def\n")
+    (tmp_path / "nothdr.tok").write_text("abc.def.ghi\n")
+    os.symlink("/etc/passwd", tmp_path / "out.tok")
+    os.mkfifo(tmp_path / "fifo.tok")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock.tok"))
+    cases = {"bin.tok": "binary", "passwd.tok": "password", "shadowline.tok": "password", "blank.tok": "empty",
+             "two.tok": "2 dot-separated", "nothdr.tok": "header", "out.tok": "symbolic link out",
+             "fifo.tok": "FIFO", "sock.tok": "socket", "../" * 30 + "etc/passwd": "password"}
+    for name, said in cases.items():
+        rc, out, err = run("license", "token", "set", str(tmp_path / name))
+        assert rc == 2 and said in err, (name, err)
+        assert not (state / "licence-token").exists() or not list((state / "licence-token").iterdir())
+    for dev in ("/dev/zero", "/dev/null", "/proc/self/mem", "/dev/full"):
+        rc, _, err = run("license", "token", "set", dev)
+        assert rc in (2, 5) and dev in err, (dev, err)
+    rc, _, err = run("license", "token", "set", str(tmp_path / ("n" * 300)))
+    assert rc == 2 and "longer than 255" in err
+    sock.close()
+
+    (tmp_path / "good.tok").write_bytes(_jwt() + b"\n")
+    assert run("license", "token", "set", str(tmp_path / "good.tok"))[0] == 0
+    (tmp_path / "odd.tok").write_text("an-opaque-token-from-a-new-dls\n")
+    assert run("license", "token", "set", str(tmp_path / "odd.tok"))[0] == 2
+    rc, out, _ = run("license", "token", "set", str(tmp_path / "odd.tok"), "--force")
+    assert rc == 0 and (state / "licence-token/default.tok").read_text() == "an-opaque-token-from-a-new-dls\n"
+    events = json.loads(run("audit", "list", "--json")[1])
+    forced = [e for e in events if e["action"] == "licence.token.set" and e["outcome"] == "warning"]
+    assert len(forced) == 1 and "not the shape" in forced[0]["detail"]["forced"]
+    assert run("license", "token", "set", str(tmp_path / "bin.tok"), "--force")[0] == 0  # the operator's word
+    assert run("license", "token", "set", "/dev/zero", "--force")[0] == 2  # still no device

@@ -4,11 +4,10 @@ gets it (vgpumgr.licensing.token, vgpumgr.ops.licence_delivery). The token's byt
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
-from vgpumgr.errors import InvalidInput, NotFound, PermissionDenied
+from vgpumgr.errors import InvalidInput, NotFound
 
 
 def register(lic: Any, cmd: Any) -> None:
@@ -17,6 +16,8 @@ def register(lic: Any, cmd: Any) -> None:
     p.add_argument("action", choices=("set", "show", "remove"))
     p.add_argument("file", nargs="?", metavar="FILE", help="set: the client_configuration_token_*.tok file")
     p.add_argument("--pool", metavar="POOL", help="only for VMs holding a seat of this pool (default: every VM)")
+    p.add_argument("--force", action="store_true",
+                   help="set: take a file without the shape of a client configuration token (a signed JWT); audited")
     p.add_argument("--json", action="store_true")
     p = cmd(lic, ("license", "delivery"), "vgpumgr.cli.licence_token:delivery",
             "how VMs get the token: list, or set a VM's (or --pool's) mode fwcfg|agent|none|default")
@@ -39,24 +40,15 @@ def _service(args: argparse.Namespace):  # noqa: ANN202
     return service(args)
 
 
-def _read_token_file(name: str) -> bytes:
+def _read_token_file(name: str, force: bool) -> bytes:
+    """The token file by the rule for user files (vgpumgr.userinput.files: a regular file, no symlink out of its
+    directory, never a device or a FIFO, size-capped), then checked for a token's shape."""
     from vgpumgr.licensing import token as licence_token
+    from vgpumgr.userinput import files
 
-    path = Path(name)
-    limit = licence_token.MAX_TOKEN_BYTES
-    try:
-        with open(path, "rb") as f:  # at most one byte past the limit: /dev/zero or a FIFO cannot read forever
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            raise InvalidInput(f"{path} has more than {limit} bytes; a client configuration token is a few KiB",
-                               hint="give the client_configuration_token_*.tok file itself")
-        return licence_token.check_token(data, str(path))
-    except FileNotFoundError:
-        raise NotFound(f"{path} does not exist", hint="give the .tok file downloaded from the licence server") from None
-    except IsADirectoryError:
-        raise InvalidInput(f"{path} is a directory", hint="give the .tok file itself") from None
-    except PermissionError:
-        raise PermissionDenied(f"{path} cannot be read", hint="run as root (the token is root's)") from None
+    data = files.read(name, what="the token file", limit=licence_token.MAX_TOKEN_BYTES,
+                      hint="give the client_configuration_token_*.tok file downloaded from the licence server")
+    return licence_token.check_token(data, name, force=force)
 
 
 def token(args: argparse.Namespace, out: TextIO) -> int:
@@ -77,10 +69,11 @@ def token(args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "set":
         if not args.file:
             raise InvalidInput("`license token set` needs the token file", hint="vgpumgr license token set FILE")
-        res = svc.set_licence_token(_read_token_file(args.file), pool=args.pool)
+        res = svc.set_licence_token(_read_token_file(args.file, args.force), pool=args.pool, force=args.force)
     else:
-        if args.file:
-            raise InvalidInput("`license token remove` takes no FILE", hint="use --pool POOL for one pool's token")
+        if args.file or args.force:
+            raise InvalidInput("`license token remove` takes no FILE and no --force",
+                               hint="use --pool POOL for one pool's token")
         res = svc.remove_licence_token(pool=args.pool)
     if args.json:
         dump_json(out, res)

@@ -112,12 +112,54 @@ def describe(data: bytes, scope: str = DEFAULT, set_at: datetime | None = None) 
                      set_at=set_at or datetime.now(UTC))
 
 
-def check_token(data: bytes, source: str) -> bytes:
+_JWS_PART = re.compile(rb"[A-Za-z0-9_-]+={0,2}")
+
+
+def shape_problem(data: bytes) -> str | None:
+    """What `data` is instead of a client configuration token, or None when it has a token's shape: NLS tokens
+    are signed JWTs (docs/sources.md §23), printable ASCII in three base64url parts whose first is a JSON header
+    naming its algorithm."""
+    text = data.strip()
+    if not text:
+        return "it is empty"
+    if b"\0" in text or any(b < 9 or 13 < b < 32 or b == 127 for b in text):
+        return "it is binary data, not text"
+    try:
+        text.decode("ascii")
+    except UnicodeDecodeError:
+        return "it is text with non-ASCII characters; a token is base64url text"
+    lines = text.splitlines()
+    if len(lines) > 1:
+        if any(line.count(b":") >= 2 for line in lines[:5]):
+            return f"it has {len(lines)} lines with colon-separated fields, like a password or group file"
+        return f"it has {len(lines)} lines; a token is one line"
+    parts = text.split(b".")
+    if len(parts) != 3 or not all(_JWS_PART.fullmatch(p) for p in parts):
+        if text.count(b":") >= 2:
+            return "it has colon-separated fields, like a line of a password file"
+        return f"it is one line of text in {len(parts)} dot-separated part(s), not three base64url parts"
+    try:
+        header = json.loads(_b64url(parts[0].decode()))
+    except ValueError:
+        return "its first part is not a base64url-encoded JSON header"
+    if not isinstance(header, dict) or not isinstance(header.get("alg"), str):
+        return "its header names no signing algorithm ('alg')"
+    return None
+
+
+def check_token(data: bytes, source: str, *, force: bool = False) -> bytes:
+    """`data` if it may be stored as the token; `force` takes one without a token's shape (not an empty one, nor
+    one over the size limit)."""
     if not data.strip():
         raise InvalidInput(f"{source} is empty", hint="give the .tok file downloaded from the licence server")
     if len(data) > MAX_TOKEN_BYTES:
         raise InvalidInput(f"{source} has {len(data)} bytes; a client configuration token is a few KiB",
                            hint="give the client_configuration_token_*.tok file itself")
+    problem = shape_problem(data)
+    if problem and not force:
+        raise InvalidInput(f"{source} is not a client configuration token: {problem}",
+                           hint="give the client_configuration_token_*.tok file downloaded from the licence server "
+                                "(a signed JWT); --force takes a token of another shape, audited as such")
     return data
 
 

@@ -30,7 +30,7 @@ from vgpumgr.db.models import LicenceDelivery, LicenceLease, LicencePool, Vm
 from vgpumgr.errors import InvalidInput, NotFound, VgpuError
 from vgpumgr.licensing import seats as licensing
 from vgpumgr.licensing import token as licence_token
-from vgpumgr.ops.context import FAILED, Context
+from vgpumgr.ops.context import FAILED, OK, WARNING, Context
 
 MODES = ("fwcfg", "agent", "none")
 MODE_ENV = "VGPUMGR_LICENCE_DELIVERY"
@@ -275,7 +275,8 @@ def refresh_copies(svc: Context) -> int:
 
 
 # -- the token -----------------------------------------------------------------------------------------
-def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str | None = None) -> dict[str, Any]:
+def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str | None = None,
+              force: bool = False) -> dict[str, Any]:
     """Store the token (for every VM, or for `pool`'s), audit it by fingerprint, refresh the VMs' fw_cfg copies
     and push it to the running agent VMs (neither when it is the token already set: no guest's licensing service
     restarts for nothing). The answer carries what may be shown, never the token."""
@@ -283,12 +284,15 @@ def set_token(svc: Context, data: bytes, *, pool: str | None = None, actor: str 
     if pool is not None:
         with svc.sessions() as s:
             licensing.get_pool(s, pool)
-    new, old = licence_token.store(svc.cfg.state_dir, licence_token.check_token(data, "the token"), scope)
+    unusual = licence_token.shape_problem(data)
+    new, old = licence_token.store(svc.cfg.state_dir, licence_token.check_token(data, "the token", force=force), scope)
     detail = {"scope": scope, "fingerprint": new.fingerprint, "server": new.server,
               "expires": new.expires.isoformat() if new.expires else None,
               "replaced": old.fingerprint if old else None}
+    if unusual:  # forced: said in the audit trail (what it is, never its bytes)
+        detail["forced"] = f"not the shape of a client configuration token: {unusual}"
     with svc.tx() as s:
-        svc.event(s, TOKEN_SET, actor=actor, detail=detail)
+        svc.event(s, TOKEN_SET, WARNING if unusual else OK, actor=actor, detail=detail)
     if old is not None and old.fingerprint == new.fingerprint:  # the same token again: the VMs already have it
         return {**detail, "action": TOKEN_SET, "expired": new.expired(), "fw_cfg_copies": 0, "agent": []}
     return {**detail, "action": TOKEN_SET, "expired": new.expired(), "fw_cfg_copies": refresh_copies(svc),
@@ -325,8 +329,10 @@ def deliver(svc: Context, vm: str, *, actor: str | None = None) -> dict[str, Any
     try:
         res = guest_agent.push_token(virt, vm, data, token_file_name())
     except VgpuError as e:
-        with svc.tx() as s:
-            _row(s, svc.host_id(s), vm).error = e.message
+        with svc.tx() as s:  # a VM vgpumgr keeps a record of notes the failure; a refusal adds no row
+            row = _row(s, svc.host_id(s), vm, create=False)
+            if row is not None:
+                row.error = e.message
         svc.record_failure(DELIVER, e, actor=actor, vm=vm)
         raise
     with svc.tx() as s:
