@@ -63,6 +63,13 @@ class NoSeat(Conflict):
     kind = "no-licence-seat"
 
 
+class GuestNotReady(Conflict):
+    """The VM's guest cannot answer yet (no QEMU guest agent connected, the guest still booting): the service is
+    fine, the guest is not; a client retries later or fixes the guest (409, not 503)."""
+
+    kind = "guest-not-ready"
+
+
 class PermissionDenied(VgpuError):
     status = 403
     exit_code = 5

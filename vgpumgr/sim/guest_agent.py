@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path, PureWindowsPath
 from typing import Any
 
-from vgpumgr.errors import Unavailable, VgpuError
+from vgpumgr.errors import GuestNotReady, Unavailable, VgpuError
 from vgpumgr.sim import guest_tools
 
 GUEST_FILE = "guest.json"
@@ -93,7 +93,7 @@ class SimAgent:
     def execute(self, vm: str, message: dict[str, Any], timeout: float = 10) -> Any:
         info = describe(self.dir)
         if info is None or not info.get("agent", True):
-            raise Unavailable(f"guest agent of VM '{vm}' ({message.get('execute')}): Guest agent is not responding: "
+            raise GuestNotReady(f"guest agent of VM '{vm}' ({message.get('execute')}): Guest agent is not responding: "
                               "QEMU guest agent is not connected",
                               hint="install and start the QEMU guest agent in the guest (qemu-guest-agent)")
         command, args = message.get("execute"), message.get("arguments") or {}

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vgpumgr.errors import Timeout, Unavailable, VgpuError
+from vgpumgr.errors import GuestNotReady, Timeout, Unavailable, VgpuError
 from vgpumgr.telemetry import guest_parse
 
 REASONS = {  # reason -> what the operator reads
@@ -95,7 +95,8 @@ def _call(agent: Callable[..., Any], command: str, arguments: dict[str, Any] | N
         return agent(command, arguments, _budget(end))
     except Timeout:
         raise Unknown("timed-out") from None
-    except Unavailable as e:  # libvirt: "Guest agent is not responding: QEMU guest agent is not connected" (none)
+    except (Unavailable, GuestNotReady) as e:  # libvirt: "Guest agent is not responding: QEMU guest agent is not
+        # connected" (none)
         text = e.message.lower()  # or "...: Guest agent not available for now" (no answer in time)
         raise Unknown("no-agent" if "not connected" in text or "not configured" in text else "timed-out") from None
     except VgpuError as e:

@@ -28,6 +28,7 @@ from vgpumgr import ids
 from vgpumgr.errors import (
     Busy,
     Conflict,
+    GuestNotReady,
     InvalidInput,
     NotFound,
     PermissionDenied,
@@ -88,9 +89,9 @@ def _translate(exc: Exception, action: str) -> VgpuError:
     if code == _ERR_HOOK_SCRIPT_FAILED:  # e.g. a migration's destination hook refused the incoming domain
         return Conflict(msg, hint="a libvirt hook refused; its message above says why (nothing was changed)")
     if code == _ERR_AGENT_UNRESPONSIVE:
-        return Unavailable(msg, hint="install and start the QEMU guest agent in the guest (qemu-guest-agent) and give "
-                                     "the VM its channel (<channel type='unix'><target type='virtio' "
-                                     "name='org.qemu.guest_agent.0'/></channel>)")
+        return GuestNotReady(msg, hint="install and start the QEMU guest agent in the guest (qemu-guest-agent) and "
+                                       "give the VM its channel (<channel type='unix'><target type='virtio' "
+                                       "name='org.qemu.guest_agent.0'/></channel>)")
     if code == _ERR_NO_SUPPORT:
         return Unavailable(msg, hint="this libvirt driver does not support the operation")
     return VgpuError(msg, hint="libvirt's log (journalctl -u libvirtd or virtqemud) has the details")
@@ -362,7 +363,7 @@ class Virt:
 
         spec_file = self.state_path / "guests" / TEST_AGENT_FILE if self.state_path is not None else None
         if spec_file is None or not spec_file.is_file():
-            raise Unavailable(f"guest agent of VM '{name}': Guest agent is not responding: QEMU guest agent is not "
+            raise GuestNotReady(f"guest agent of VM '{name}': Guest agent is not responding: QEMU guest agent is not "
                               "connected", hint="the test driver has no guest agent; `vgpumgr sim guest start` "
                                                 "gives a simulated VM one")
         module, _, cls = spec_file.read_text().strip().partition(":")
