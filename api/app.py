@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI, Response
 from sqlalchemy import text
 
 from api import problems, routes_admin, routes_fleet, routes_inventory, routes_mixed, routes_telemetry, routes_vms, ui
+from api.auth import current_token
 from api.deps import service as service_dep
 from api.metrics import Metrics
 from api.watch import InventoryWatcher
@@ -28,9 +29,11 @@ Mutating calls take an `Idempotency-Key` header: a retry with the same key gets 
 
 
 def create_app(cfg: Config | None = None, service: Service | None = None, watch: bool = True,
-               endpoint: str | None = None) -> FastAPI:
+               endpoint: str | None = None, metrics_public: bool = False) -> FastAPI:
     """The app for `service` (default: a Service for `cfg`, default: Config.resolve()); `endpoint`: where it
-    answers, published for the fleet unless VGPUMGR_FLEET_ENDPOINT says otherwise."""
+    answers, published for the fleet unless VGPUMGR_FLEET_ENDPOINT says otherwise. `/metrics` names VMs, GPUs and
+    delivery times: it needs a token of any role unless `metrics_public` (`serve --metrics-public`, and a unix
+    socket, whose file mode already decides who may connect)."""
     if service is None:
         service = Service(cfg or Config.resolve())
     watcher = InventoryWatcher(service)
@@ -89,8 +92,10 @@ def create_app(cfg: Config | None = None, service: Service | None = None, watch:
                 "inventory_updates": app.state.inventory_updates, "licence_mode": svc.licence_mode}
 
     @app.get("/metrics", tags=["health"], response_class=Response,
+             dependencies=[] if metrics_public else [Depends(current_token)],
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
+        """Prometheus metrics; a bearer token of any role unless the service runs with --metrics-public."""
         return Response(app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput
+from vgpumgr.userinput.numbers import integer
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8470
@@ -80,18 +81,20 @@ def _endpoint(sock: socket.socket | None, host: str, port: int) -> str | None:
 
 
 def serve(cfg: Config | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, uds: str | None = None,
-          log_level: str = "info") -> None:
+          log_level: str = "info", metrics_public: bool = False) -> None:
     """Serve until interrupted. With `uds`, listen on that unix socket (mode 0660) instead of TCP; a socket
-    passed by systemd socket activation (LISTEN_FDS) is used in preference to both."""
+    passed by systemd socket activation (LISTEN_FDS) is used in preference to both. /metrics needs a token on
+    TCP unless `metrics_public`; on a unix socket it needs none (the socket's mode decides who connects)."""
     import uvicorn
 
     from api.app import create_app
 
     if not 0 < port < 65536:
         raise InvalidInput(f"port {port} is out of range", hint="use 1-65535; the default is 8470")
-    app = create_app(cfg)
-    _freeze_start()
     sock = systemd_socket() or (bind_unix_socket(uds) if uds else None)
+    unix = sock is not None and sock.family == socket.AF_UNIX
+    app = create_app(cfg, metrics_public=metrics_public or unix)
+    _freeze_start()
     fleet = app.state.service.fleet  # the heartbeat starts with the server: it publishes where we answer
     fleet.endpoint = fleet.endpoint or _endpoint(sock, host, port)
     if sock is None:
@@ -110,16 +113,17 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m api.server", description="run the vgpumgr REST service")
     p.add_argument("--host", default=DEFAULT_HOST)
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--port", type=integer(1, 65535, "--port"), default=DEFAULT_PORT)
     p.add_argument("--uds", help=f"listen on this unix socket (e.g. {DEFAULT_SOCKET}) instead of TCP")
     p.add_argument("--sysfs-root")
     p.add_argument("--state-dir")
     p.add_argument("--db")
     p.add_argument("--connect")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--metrics-public", action="store_true", help="/metrics without a token on TCP too")
     a = p.parse_args(argv)
     cfg = Config.resolve(sysfs_root=a.sysfs_root, state_dir=a.state_dir, db=a.db, connect=a.connect)
-    serve(cfg, host=a.host, port=a.port, uds=a.uds, log_level=a.log_level)
+    serve(cfg, host=a.host, port=a.port, uds=a.uds, log_level=a.log_level, metrics_public=a.metrics_public)
 
 
 if __name__ == "__main__":

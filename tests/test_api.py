@@ -290,7 +290,9 @@ def test_metrics(env: ApiEnv) -> None:
     env.client.post("/v1/licences", json={"name": "p", "edition": "vWS", "seats": 4}, headers=h)
     for vm in ("m1", "m2"):
         assert env.client.post("/v1/vgpus", json={"type": "T4-4Q", "vm": vm}, headers=h).status_code == 201
-    text = env.client.get("/metrics").text
+    assert env.client.get("/metrics").status_code == 401  # TCP: a token of any role (serve --metrics-public)
+    assert env.client.get("/metrics", headers=env.as_("hook")).status_code == 200
+    text = env.client.get("/metrics", headers=env.as_("auditor")).text
     assert _sample(text, "vgpumgr_gpus", model=env.service.snapshot().inventory.gpus[0].name) == 1
     assert _sample(text, "vgpumgr_vgpus", type="GRID T4-4Q", state="active") == 2
     assert _sample(text, "vgpumgr_licence_seats_used", edition="vWS") == 2

@@ -142,7 +142,7 @@ def test_a_token_set_once_reaches_a_linux_vm_by_fwcfg_and_a_windows_vm_by_the_ag
     admin = tokens.create_token(lab.cfg, "admin", "admin")
     client = TestClient(create_app(lab.cfg, service=svc, watch=False))
     h = {"Authorization": f"Bearer {admin}"}
-    answers = [client.get("/metrics").text]
+    answers = [client.get("/metrics", headers=h).text]
     for route in client.app.routes:
         path = getattr(route, "path", "")
         if "GET" in getattr(route, "methods", ()) and path.startswith("/v1/") and "{" not in path:
@@ -476,3 +476,25 @@ def test_token_copy_names_follow_the_one_uuid_rule() -> None:
     hexname = "5f0c2e1a3b4d4c5e8f60718293a4b5c6"
     assert licence_token.fwcfg_path(state, hexname).name == hexname + ".tok"
     assert licence_token.fwcfg_path(state, "pve-106").name == "pve-106.tok"
+
+
+def test_rest_delivery_to_a_guest_not_ready_is_a_409_and_a_refusal_leaves_no_row(lab: Host, tmp_path: Path) -> None:
+    """A guest whose agent does not answer is the guest's state, not an outage: 409 `guest-not-ready` with the
+    reason (a client's retry logic reads 5xx as "the service is down"). A refused delivery to a libvirt domain
+    vgpumgr keeps no record of (the test driver's own `test`) adds no licence_deliveries row."""
+    (tmp_path / "t.tok").write_bytes(make_token())
+    lab.cli("license", "token", "set", str(tmp_path / "t.tok"))
+    lab.cli("vm", "create", "noagent", "--vgpu", "L40S-4Q", "--start", "--licence-delivery", "agent")
+    lab.cli("sim", "guest", "start", lab.vgpu("noagent"), "--os", "linux", "--no-agent")
+    svc = Service(lab.cfg)
+    admin = tokens.create_token(lab.cfg, "admin", "admin")
+    client = TestClient(create_app(lab.cfg, service=svc, watch=False))
+    h = {"Authorization": f"Bearer {admin}"}
+    before = {r["vm"] for r in client.get("/v1/licences/deliveries", headers=h).json()["vms"]}
+    for vm in ("noagent", "test"):
+        r = client.post(f"/v1/licences/deliver/{vm}", headers=h)
+        assert r.status_code == 409 and r.json()["type"].endswith("/guest-not-ready"), r.text
+        assert "guest agent" in r.json()["detail"] and r.json()["hint"]
+    after = {r["vm"]: r for r in client.get("/v1/licences/deliveries", headers=h).json()["vms"]}
+    assert set(after) == before and "test" not in after
+    assert "Guest agent is not responding" in after["noagent"]["error"]  # a VM it manages notes the failure

@@ -128,7 +128,7 @@ def test_three_busy_guests_each_get_a_third(sim: tuple[Path, tuple[str, ...]]) -
     assert rc == 0 and out.count("equal-share") == 3
 
     svc = Service(Config.resolve(sysfs_root=str(root), state_dir=str(Path(g[3])), connect="test:///default"))
-    client = TestClient(create_app(svc.cfg, service=svc, watch=False))
+    client = TestClient(create_app(svc.cfg, service=svc, watch=False, metrics_public=True))
     text = client.get("/metrics").text
     shares = [float(line.split()[-1]) for line in text.splitlines()
               if line.startswith("vgpumgr_vgpu_scheduler_share_ratio{")]

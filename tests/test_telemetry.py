@@ -42,7 +42,7 @@ def run_guest(svc: Service, root: Path, vm: str, **load: Any) -> dict[str, Any]:
 
 
 def scrape(svc: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    client = TestClient(create_app(svc.cfg, service=svc, watch=False))
+    client = TestClient(create_app(svc.cfg, service=svc, watch=False, metrics_public=True))
     text = client.get("/metrics").text
     out = {}
     for fam in text_string_to_metric_families(text):
@@ -249,8 +249,8 @@ def test_no_vgpu_manager_means_no_data_said_once(tmp_path: Path, caplog: pytest.
         snap = sampler.sample()
     assert snap["absent"][0]["gpu"] == gpu.address and snap["vgpus"] == []
     assert sum("no vGPU data" in r.message for r in caplog.records) == 1
-    assert "vgpumgr_gpu_vgpu_telemetry_absent" in TestClient(create_app(svc.cfg, service=svc, watch=False)) \
-        .get("/metrics").text
+    app = create_app(svc.cfg, service=svc, watch=False, metrics_public=True)
+    assert "vgpumgr_gpu_vgpu_telemetry_absent" in TestClient(app).get("/metrics").text
 
 
 def test_the_web_views_need_a_token(tmp_path: Path) -> None:

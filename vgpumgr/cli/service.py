@@ -6,13 +6,17 @@ import argparse
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
+from vgpumgr.userinput.numbers import integer
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(sub, ("serve",), "vgpumgr.cli.service:serve", "run the REST service (OpenAPI at /docs)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8470)
+    p.add_argument("--port", type=integer(1, 65535, "--port"), default=8470)
     p.add_argument("--socket", metavar="PATH", help="listen on a unix socket instead (e.g. /run/vgpumgr/api.sock)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="answer /metrics without a token on TCP too (default: a token of any role; on a unix socket "
+                        "none is needed)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     tok = group("token", "bearer tokens for the REST service")
     p = cmd(tok, ("token", "create"), "vgpumgr.cli.service:token_create", "create a token (printed once)")
@@ -39,7 +43,8 @@ def _cfg(args: argparse.Namespace):  # noqa: ANN202
 def serve(args: argparse.Namespace, out: TextIO) -> int:
     from api.server import serve as run
 
-    run(_cfg(args), host=args.host, port=args.port, uds=args.socket, log_level=args.log_level)
+    run(_cfg(args), host=args.host, port=args.port, uds=args.socket, log_level=args.log_level,
+        metrics_public=args.metrics_public)
     return 0
 
 
