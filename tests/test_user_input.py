@@ -5,6 +5,7 @@ and route; this file pins the behaviour the issue spells out."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -23,7 +24,8 @@ from vgpumgr.sim import profiles
 def run(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     try:
-        rc = main(list(argv), out, err)
+        with contextlib.redirect_stderr(err):
+            rc = main(list(argv), out, err)
     except SystemExit as e:  # argparse's usage error
         rc = int(e.code or 0)
     assert rc != 70, err.getvalue()
@@ -166,3 +168,58 @@ def test_token_set_takes_only_a_token_shaped_regular_file(simhost: Path, tmp_pat
     assert len(forced) == 1 and "not the shape" in forced[0]["detail"]["forced"]
     assert run("license", "token", "set", str(tmp_path / "bin.tok"), "--force")[0] == 0  # the operator's word
     assert run("license", "token", "set", "/dev/zero", "--force")[0] == 2  # still no device
+
+
+# -- numbers and the other files the issue names ------------------------------------------------------------------
+def test_numbers_are_ascii_digits_within_their_bounds_and_go_together(simhost: Path, tmp_path: Path) -> None:
+    gpu = "0000:3d:00.0"
+    for argv, said in ((["scheduler", "set", gpu, "equal-share", "--timeslice", "٥"], "ASCII digits"),
+                       (["scheduler", "set", gpu, "equal-share", "--timeslice", "1_0"], "ASCII digits"),
+                       (["scheduler", "set", gpu, "equal-share", "--timeslice", " 5"], "ASCII digits"),
+                       (["scheduler", "set", gpu, "equal-share", "--timeslice", "31"], "from 1 to 30"),
+                       (["scheduler", "check", "--seconds", "nan"], "not a number"),
+                       (["scheduler", "check", "--seconds", "1e9"], "not a number"),
+                       (["vendor", "prepare", gpu, "--vfs", "2", "--vf-memory", "1"], "from 512"),
+                       (["sim", "create", str(tmp_path / "s"), "--vfs", "-1"], "from 0"),
+                       (["vm", "create", "x", "--vgpu", "L40S-2Q", "--memory", "9" * 40], "ASCII digits")):
+        rc, _, err = run(*argv)
+        assert rc == 2 and said in err, (argv, err)
+    for argv in (["scheduler", "set", gpu, "equal-share", "--frequency", "480"],
+                 ["scheduler", "set", gpu, "equal-share", "--avg-factor", "3"]):
+        rc, _, err = run(*argv)
+        assert rc == 2 and "go together" in err
+    assert run("scheduler", "set", gpu, "equal-share", "--frequency", "480", "--avg-factor", "3")[0] == 0
+    for vfs, code in (("33", 2), ("100000", 2), ("-5", 2), ("4", 0)):
+        rc, _, err = run("sim", "create", str(tmp_path / f"s{vfs}"), "--profile", "l40s-vfio", "--vfs", vfs)
+        assert rc == code, (vfs, err)
+        assert (tmp_path / f"s{vfs}").exists() == (code == 0)
+    assert "TotalVFs" in run("sim", "create", str(tmp_path / "t"), "--profile", "l40s-vfio", "--vfs", "33")[2]
+
+
+def test_scheduler_persist_reads_and_writes_by_the_rules(simhost: Path, tmp_path: Path) -> None:
+    assert run("scheduler", "set", "0000:3d:00.0", "equal-share", "--timeslice", "4")[0] == 0
+    rc, _, err = run("scheduler", "persist", "--file", "")
+    assert rc == 2 and "empty path" in err
+    assert not (simhost / "etc/modprobe.d").exists()
+    os.mkfifo(tmp_path / "fifo.conf")
+    for path, said in (("/dev/zero", "character device"), (str(tmp_path / "fifo.conf"), "FIFO"),
+                       (str(tmp_path), "directory"), ("/proc/vgpumgr.conf", "cannot write")):
+        rc, _, err = run("scheduler", "persist", "--file", path)
+        assert rc in (2, 3, 5) and said in err, (path, err)
+    (tmp_path / "theirs.conf").write_text("options nvidia NVreg_X=1\n")
+    assert run("scheduler", "persist", "--file", str(tmp_path / "theirs.conf"))[0] == 4
+    out_dir = tmp_path / "conf"
+    out_dir.mkdir()
+    assert run("scheduler", "persist", "--file", str(out_dir / "s.conf"))[0] == 0
+    assert run("scheduler", "persist", "--file", str(out_dir / "s.conf"))[0] == 0  # its own file: replaced
+    assert os.listdir(out_dir) == ["s.conf"] and "RmPVMRL" in (out_dir / "s.conf").read_text()
+
+
+def test_sim_create_refuses_what_is_not_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    for path, code in ((tmp_path / "file", 2), (tmp_path / "fifo", 2), ("/dev/null", 2), ("/proc/sim", 3),
+                       (tmp_path / ("d" * 300), 2), (tmp_path / "file" / "sub", 3), ("", 2)):
+        rc, _, err = run("sim", "create", str(path), "--profile", "t4")
+        assert rc == code, (path, err)
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "file"]

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 from vgpumgr.cli.output import dump_json, table
 from vgpumgr.cli.vm import service
 from vgpumgr.errors import InvalidInput
+from vgpumgr.userinput.numbers import integer
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -23,7 +24,7 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--gpu", metavar="BDF")
     p.add_argument("--since", metavar="TIME", help="ISO date or time (UTC)")
     p.add_argument("--until", metavar="TIME")
-    p.add_argument("--limit", type=int)
+    p.add_argument("--limit", type=integer(1, 10**9, "--limit"))
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--csv", action="store_true")

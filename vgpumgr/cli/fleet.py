@@ -7,6 +7,7 @@ import sys
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
+from vgpumgr.userinput.numbers import integer
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -54,7 +55,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--type", required=True, metavar="TYPE")
     p.add_argument("--vm", metavar="NAME", help="the VM it is for; a VM with vGPUs on another host is being "
                                                 "moved: NVIDIA's live-migration rules then apply")
-    p.add_argument("--count", type=int, default=1, metavar="N", help="vGPUs of the type for the VM (one per GPU)")
+    p.add_argument("--count", type=integer(1, 64, "--count"), default=1, metavar="N",
+                   help="vGPUs of the type for the VM (one per GPU)")
     p.add_argument("--policy", choices=("pack", "spread"), default="pack",
                    help="pack: the host with the fewest free instances first; spread: the most")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODEL")

@@ -9,6 +9,7 @@ import os
 import sys
 
 from vgpumgr.errors import VgpuError
+from vgpumgr.userinput.numbers import decimal, integer
 
 # Type checkers treat this name like typing.TYPE_CHECKING. Importing typing itself costs ~7 ms
 # (python -X importtime), a tenth of `vgpumgr types`' whole start, so the start path does without it.
@@ -123,7 +124,7 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = cmd(mdev, ("mdev", "remove"), "vgpumgr.cli.devices:mdev_remove", "remove an mdev")
     p.add_argument("uuid", metavar="UUID")
-    p.add_argument("--grace", type=float, default=0.0, metavar="S",
+    p.add_argument("--grace", type=decimal(0, 600, "--grace"), default=0.0, metavar="S",
                    help="let NVIDIA's driver remove the device itself for up to S seconds first (after a VM stop)")
     p = cmd(mdev, ("mdev", "export"), "vgpumgr.cli.mdevctl:export",
             "write vgpumgr's mdev records as mdevctl definitions (<dir>/<parent>/<uuid>)")
@@ -142,12 +143,13 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p.add_argument("type", metavar="TYPE", help="nvidia-<id>, id, or type name (L40S-2Q)")
     p = cmd(vf, ("vf", "clear"), "vgpumgr.cli.devices:vf_clear", "clear a VF's vGPU type")
     p.add_argument("vf", metavar="VF")
-    p.add_argument("--retries", type=int, default=10)
+    p.add_argument("--retries", type=integer(0, 100, "--retries"), default=10)
 
     sriov = group("sriov", "SR-IOV virtual functions")
     p = cmd(sriov, ("sriov", "set"), "vgpumgr.cli.devices:sriov_set", "set the number of VFs of a PF")
     p.add_argument("pf", metavar="PF")
-    p.add_argument("count", type=int)
+    p.add_argument("count", type=integer(0, 65535, "the VF count"),
+                   help="0 to 65535 (PCI SR-IOV); checked against the PF's sriov_totalvfs")
     p.add_argument("--allow-nvidia", action="store_true",
                    help="write sriov_numvfs on an NVIDIA GPU (normally only sriov-manage should)")
 
@@ -163,8 +165,9 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     names = importlib.import_module("vgpumgr.sim.profile_names").PROFILES if only in (None, "sim") else ()
     p.add_argument("--profile", default="mixed", metavar="PROFILE",
                    help=f"one of: {', '.join(names)} (README, 'The simulated host')")
-    p.add_argument("--scale", type=int, default=1, help="copies of the profile's GPUs")
-    p.add_argument("--vfs", type=int, default=None, help="VFs to enable per SR-IOV GPU")
+    p.add_argument("--scale", type=integer(1, 64, "--scale"), default=1, help="copies of the profile's GPUs (1-64)")
+    p.add_argument("--vfs", type=integer(0, 65535, "--vfs"), default=None,
+                   help="VFs to enable per SR-IOV GPU (at most its TotalVFs)")
     p.add_argument("--force", action="store_true", help="rebuild an existing simulated tree")
     p = cmd(sim, ("sim", "reboot"), "vgpumgr.sim.cli:reboot",
             "lose what a host reboot or driver reload loses: VFs, vGPU types, mdevs, MIG instances")
@@ -189,7 +192,7 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     p.add_argument("--vm", metavar="NAME", help="start: the libvirt domain running it (default: its record's VM)")
     p.add_argument("--load", action="append", default=[], metavar="ENGINE=PERCENT",
                    help="load: sm, mem, enc, dec, jpg, ofa, wobble (repeat)")
-    p.add_argument("--fb-used-mb", type=int, metavar="MB")
+    p.add_argument("--fb-used-mb", type=integer(0, 1 << 20, "--fb-used-mb"), metavar="MB")
     p.add_argument("--state", metavar="STATE", help="licence: licensed, unlicensed, unlicensed-restricted, ...")
     p.add_argument("--os", choices=("linux", "windows"),
                    help="start: the guest's OS (a Linux guest reads its fw_cfg token with the guest helper at boot)")

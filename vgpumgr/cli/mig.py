@@ -7,6 +7,7 @@ import sys
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
+from vgpumgr.userinput.numbers import integer
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -19,11 +20,11 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(mig, ("mig", "create"), "vgpumgr.cli.mig:mig_create", "create a GPU instance")
     p.add_argument("gpu", metavar="BDF")
     p.add_argument("profile", metavar="PROFILE")
-    p.add_argument("--start", type=int, help="explicit placement start slice")
+    p.add_argument("--start", type=integer(0, 7, "--start"), help="explicit placement start slice")
     p.add_argument("--compute-instance", action="store_true")
     p = cmd(mig, ("mig", "destroy"), "vgpumgr.cli.mig:mig_destroy", "destroy a GPU instance")
     p.add_argument("gpu", metavar="BDF")
-    p.add_argument("gi", type=int, metavar="GI_ID")
+    p.add_argument("gi", type=integer(0, 63, "GI_ID"), metavar="GI_ID")
     p = cmd(mig, ("mig", "mode"), "vgpumgr.cli.mig:mig_mode", "enable or disable MIG mode (reports pending)")
     p.add_argument("gpu", metavar="BDF")
     p.add_argument("state", choices=("on", "off"))

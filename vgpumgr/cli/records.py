@@ -9,6 +9,7 @@ from vgpumgr.cli.audit import parse_date
 from vgpumgr.cli.output import dump_json, table
 from vgpumgr.cli.vm import _policy_args, policy_from, service
 from vgpumgr.errors import InvalidInput
+from vgpumgr.userinput.numbers import decimal, integer
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -30,7 +31,7 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--json", action="store_true")
     p = cmd(sub, ("release",), "vgpumgr.cli.records:release", "remove a recorded vGPU and release its seat")
     p.add_argument("ref", metavar="UUID|BDF")
-    p.add_argument("--grace", type=float, default=0.0, metavar="S")
+    p.add_argument("--grace", type=decimal(0, 600, "--grace"), default=0.0, metavar="S")
 
     p = cmd(sub, ("placements",), "vgpumgr.cli.records:placements", "list vGPU allocations (records)")
     p.add_argument("--vm", metavar="NAME")
@@ -43,7 +44,7 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p = cmd(lic, ("license", "add"), "vgpumgr.cli.records:licence_add", "add a licence pool")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--edition", required=True, help="vApps, vPC, vCS or vWS")
-    p.add_argument("--seats", required=True, type=int)
+    p.add_argument("--seats", required=True, type=integer(0, 1_000_000, "--seats"))
     p.add_argument("--unit", choices=("vm", "gpu"), default="vm", help="a seat per VM or per physical GPU")
     p.add_argument("--expires", metavar="YYYY-MM-DD")
     p = cmd(lic, ("license", "list"), "vgpumgr.cli.records:licence_list", "list pools")

@@ -8,6 +8,7 @@ import sys
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
+from vgpumgr.userinput.numbers import decimal, integer
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -20,13 +21,15 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
             "record a GPU's scheduler; applied now when the GPU holds no vGPU, else when it is empty or at boot")
     p.add_argument("gpu", metavar="BDF")
     p.add_argument("policy", metavar="POLICY", help="best-effort, equal-share or fixed-share")
-    p.add_argument("--timeslice", type=int, metavar="MS", help="time slice, 1-30 ms")
-    p.add_argument("--frequency", type=int, metavar="HZ", help="scheduling frequency (adaptive round robin), 63-960")
-    p.add_argument("--avg-factor", type=int, metavar="N", help="averaging factor (adaptive round robin), 1-60")
+    p.add_argument("--timeslice", type=integer(1, 30, "--timeslice"), metavar="MS", help="time slice, 1-30 ms")
+    p.add_argument("--frequency", type=integer(63, 960, "--frequency"), metavar="HZ",
+                   help="scheduling frequency (adaptive round robin), 63-960; given with --avg-factor")
+    p.add_argument("--avg-factor", type=integer(1, 60, "--avg-factor"), metavar="N",
+                   help="averaging factor (adaptive round robin), 1-60; given with --frequency")
     p = cmd(sch, ("scheduler", "log"), "vgpumgr.cli.scheduler:log_", "the driver's log of the last time slices")
     p.add_argument("gpu", metavar="BDF")
     p.add_argument("--engine", choices=("graphics", "nvenc0", "nvenc1"), default="graphics")
-    p.add_argument("--gpu-instance", type=int, metavar="ID",
+    p.add_argument("--gpu-instance", type=integer(0, 63, "--gpu-instance"), metavar="ID",
                    help="the log of one MIG GPU instance (its own scheduler: Blackwell GB20x and newer)")
     p.add_argument("--json", action="store_true")
     p = cmd(sch, ("scheduler", "persist"), "vgpumgr.cli.scheduler:persist",
@@ -35,8 +38,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--json", action="store_true")
     p = cmd(sch, ("scheduler", "check"), "vgpumgr.cli.scheduler:check",
             "each running VM's share of GPU time against its policy's promise; exit 10 when one got clearly less")
-    p.add_argument("--seconds", type=float, default=1.0, metavar="S", help="how long to read the log (1)")
-    p.add_argument("--tolerance", type=float, default=0.2, metavar="F",
+    p.add_argument("--seconds", type=decimal(0, 300, "--seconds"), default=1.0, metavar="S",
+                   help="how long to read the log (1)")
+    p.add_argument("--tolerance", type=decimal(0, 1, "--tolerance"), default=0.2, metavar="F",
                    help="flag a busy VM below promised x (1 - F) (0.2)")
     p.add_argument("--json", action="store_true")
 

@@ -8,6 +8,7 @@ import time
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
+from vgpumgr.userinput.numbers import decimal
 
 GUEST_WAIT_S = 12.0  # a one-shot `top` waits this long at most for the guest reads it started (deadline 10 s)
 
@@ -18,7 +19,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--gpu", metavar="BDF", help="only the vGPUs of this physical GPU")
     p.add_argument("--once", action="store_true", help="print one table and exit (for scripts)")
     p.add_argument("--json", action="store_true", help="one snapshot as JSON (what /metrics is made of) and exit")
-    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes (2)")
+    p.add_argument("--interval", type=decimal(0.1, 3600, "--interval"), default=2.0, metavar="S",
+                   help="seconds between refreshes (2)")
 
 
 def _service(args: argparse.Namespace):  # noqa: ANN202

@@ -6,6 +6,8 @@ import argparse
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
+from vgpumgr.userinput.numbers import integer
+from vgpumgr.vendors import MIN_VF_MEMORY_MIB
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -16,9 +18,11 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
             "run a card's mode steps (Ascend vNPU VM mode, Intel VF quotas and VFs, Cambricon VFs; AMD GIM's VF "
             "count is checked), record them for `vgpumgr restore`")
     p.add_argument("address", metavar="BDF", help="the card (physical function)")
-    p.add_argument("--vfs", type=int, metavar="N", help="SR-IOV cards: the VF count (AMD: checked, never written)")
-    p.add_argument("--vf-memory", type=int, metavar="MIB", help="Intel: each VF's memory quota, written before "
-                                                                "the VFs are enabled")
+    p.add_argument("--vfs", type=integer(0, 1024, "--vfs"), metavar="N",
+                   help="SR-IOV cards: the VF count (AMD: checked, never written)")
+    p.add_argument("--vf-memory", type=integer(MIN_VF_MEMORY_MIB, 1 << 20, "--vf-memory"), metavar="MIB",
+                   help="Intel: each VF's memory quota, written before the VFs are enabled "
+                        f"(at least {MIN_VF_MEMORY_MIB} MiB)")
     p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
     p.add_argument("--json", action="store_true")
 

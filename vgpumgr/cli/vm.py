@@ -6,6 +6,7 @@ import argparse
 from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
+from vgpumgr.userinput.numbers import integer
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:
@@ -16,8 +17,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--passthrough", action="append", default=[], metavar="BDF|MODEL",
                    help="a whole GPU or accelerator: its address, or a model (\"Ascend 910B\") for a free one")
     p.add_argument("--mig", action="append", default=[], metavar="PROFILE", help="a MIG-backed vGPU (1g.10gb)")
-    p.add_argument("--memory", type=int, default=4096, metavar="MIB")
-    p.add_argument("--vcpus", type=int, default=2)
+    p.add_argument("--memory", type=integer(16, 16 << 20, "--memory"), default=4096, metavar="MIB")
+    p.add_argument("--vcpus", type=integer(1, 4096, "--vcpus"), default=2)
     p.add_argument("--disk", metavar="PATH", help="absolute path of a qcow2 or raw image")
     p.add_argument("--network", metavar="NET", help="libvirt network name, or bridge:BR")
     p.add_argument("--firmware", choices=("bios", "uefi"), default="bios")
@@ -62,13 +63,13 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
 def _policy_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("placement policy")
     g.add_argument("--policy", choices=("pack", "spread"), default="pack")
-    g.add_argument("--numa", type=int, metavar="NODE", help="prefer GPUs on this NUMA node")
+    g.add_argument("--numa", type=integer(0, 1023, "--numa"), metavar="NODE", help="prefer GPUs on this NUMA node")
     g.add_argument("--pin-gpu", metavar="BDF", help="only this physical GPU")
     g.add_argument("--pin-parent", metavar="BDF", help="only this mdev parent or VF")
     g.add_argument("--allow-model", action="append", default=[], metavar="MODEL")
     g.add_argument("--deny-model", action="append", default=[], metavar="MODEL")
     g.add_argument("--deny-gpu", action="append", default=[], metavar="BDF")
-    g.add_argument("--placement-id", type=int, metavar="N",
+    g.add_argument("--placement-id", type=integer(0, 1024, "--placement-id"), metavar="N",
                    help="mixed-size mode: the vGPU's placement ID (GB offset; default: the fragmentation-aware choice)")
 
 

@@ -92,25 +92,33 @@ def options_line(per_gpu: dict[str, int]) -> str:
 HEADER = "# Written by `vgpumgr scheduler persist`"
 
 
-def write(path: Path, per_gpu: dict[str, int]) -> str:
-    """Write the options file (atomically); returns its text. No GPU left: the file is removed. A file that
-    vgpumgr did not write (no header) is neither replaced nor removed."""
-    from vgpumgr.errors import Conflict, from_oserror
+def write(path: Path, per_gpu: dict[str, int], *, make_dir: bool = False) -> str:
+    """Write the options file (atomically, vgpumgr.userinput.files); returns its text. No GPU left: the file is
+    removed. A file that vgpumgr did not write (no header) is neither replaced nor removed. `make_dir`: create the
+    directory (the default file's /etc/modprobe.d), never for a path the user named."""
+    from vgpumgr.errors import Conflict
+    from vgpumgr.userinput import files
 
     text = (f"{HEADER}: the vGPU scheduler of each GPU, read by the nvidia module\n"
             "# when it loads (reload the NVIDIA driver or reboot for a change to take effect).\n"
             + options_line(per_gpu) + "\n")
-    try:
-        if path.exists() and not path.read_text(encoding="utf-8", errors="replace").startswith(HEADER):
+    what = "the scheduler's modprobe file"
+    path = files.checked_path(path, what)
+    if os.path.lexists(path):
+        head = files.read(path, what=what, limit=1 << 16, hint="name another file with --file")
+        if not head.startswith(HEADER.encode()):
             raise Conflict(f"{path} exists and was not written by `vgpumgr scheduler persist`",
                            hint="name another file with --file, or move that one away")
-        if not per_gpu:
+    if not per_gpu:
+        try:
             path.unlink(missing_ok=True)
-            return ""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise from_oserror(e, f"writing {path}", hint="choose a --file in a directory you can write") from e
+        except OSError as e:
+            raise files.refusal(e, path, "remove") from e
+        return ""
+    if make_dir:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise files.refusal(e, path.parent, "create") from e
+    files.write(path, text.encode(), what=what, mode=0o644)
     return text

@@ -98,6 +98,9 @@ def setting(policy: str, timeslice_ms: int | None = None, frequency_hz: int | No
     if policy == "best-effort" and (timeslice_ms or frequency_hz or avg_factor):
         raise InvalidInput("best effort takes no --timeslice, --frequency or --avg-factor",
                            hint="they tune equal-share and fixed-share only")
+    if (frequency_hz is None) != (avg_factor is None):
+        raise InvalidInput("--frequency and --avg-factor go together (adaptive round robin takes both)",
+                           hint="give both, or --timeslice alone")
     want = rmpvmrl.Setting(policy, timeslice_ms, frequency_hz, avg_factor)
     rmpvmrl.encode(want)
     return want
@@ -331,10 +334,11 @@ def drift_report(cfg: Config, *, fix: bool = False, actor: str | None = None) ->
 def persist(cfg: Config, path: str | None = None) -> dict[str, Any]:
     """Write RmPVMRL for every GPU with a recorded equal- or fixed-share intent into a modprobe options file."""
     from vgpumgr.ops.manual import audited
+    from vgpumgr.userinput import files
 
-    target = Path(path) if path else Path(cfg.host.root) / rmpvmrl.DEFAULT_FILE
+    target = files.checked_path(path, "--file") if path is not None else Path(cfg.host.root) / rmpvmrl.DEFAULT_FILE
     per_gpu = {g: rmpvmrl.encode(_setting_of(i)) for g, i in intents(cfg).items() if i["policy"] != "best-effort"}
-    text = rmpvmrl.write(target, per_gpu)
+    text = rmpvmrl.write(target, per_gpu, make_dir=path is None)
     out = {"file": str(target), "values": {g: rmpvmrl.hex_value(v) for g, v in per_gpu.items()},
            "text": text, "removed": not per_gpu,
            "note": "takes effect when the nvidia module loads again: reload the NVIDIA driver or reboot"}

@@ -21,8 +21,11 @@ def prepare(cfg: Config, address: str, *, vfs: int | None = None, vf_memory_mib:
     card = vendor_steps.card(host, pf)
     if vfs is not None and not 0 <= vfs <= 1024:
         raise InvalidInput(f"--vfs {vfs} is out of range", hint="give a VF count such as 4 or 8")
-    if vf_memory_mib is not None and vf_memory_mib <= 0:
-        raise InvalidInput(f"--vf-memory {vf_memory_mib} is not a size", hint="give MiB per VF, such as 2000")
+    least = vendors.MIN_VF_MEMORY_MIB
+    if vf_memory_mib is not None and vf_memory_mib < least:
+        raise InvalidInput(f"--vf-memory {vf_memory_mib} MiB is below the {least} MiB a VF needs at least",
+                           hint=f"give MiB per VF, at least {least} (Intel's profiles: 704 to 16000, "
+                                "such as 2000 for 8 VFs of a Flex 170)")
     if card.mechanism == vendors.PASSTHROUGH:
         raise InvalidInput(f"{card.name} at {pf} gives VMs whole devices only: there is nothing to prepare",
                            hint=f"pass it through: `vgpumgr vm create NAME --passthrough {pf}`")

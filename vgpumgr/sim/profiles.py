@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from vgpumgr.sim.files import write
 from vgpumgr.sim.gpus import GVTG, MDEV_PF, MDEV_VF, NVIDIA_VF, add_gpu
 from vgpumgr.sim.platform import mark, nvml_state_path
 from vgpumgr.sim.tree import INTEL, NVIDIA, SimTree
+from vgpumgr.userinput import files as userfiles
 
 # Real names from the pci.ids database, written into the simulated root so discovery resolves them
 # the same way it does on a host.
@@ -105,12 +108,11 @@ class _Buses:
         return bus
 
 
-def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
-    """Copy 0 of every model first, at the addresses a single host has; then copy 1 of each, and so on."""
+def _models(vfs: int | None) -> dict[str, list[tuple[int, Callable[[int], dict[str, Any]]]]]:
     def n(default: int) -> int:
         return default if vfs is None else vfs
 
-    models: dict[str, list[tuple[int, Callable[[int], dict[str, Any]]]]] = {
+    return {
         "t4": [(0x3B, _t4)],
         "a40-sriov": [(0x41, lambda numa: _a40(numa, n(32)))],
         "l40s-vfio": [(0x3D, lambda numa: _l40s(numa, n(32)))],
@@ -119,6 +121,23 @@ def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
         "mixed": [(0x3B, lambda _: {**_t4(0), "nvml_profile": "t4"}),
                   (0x3D, lambda _: _l40s(0, n(8))), (0x65, lambda _: _a100(1, n(8)))],
     }
+
+
+def _check_vfs(profile: str, vfs: int | None) -> None:
+    """--vfs within what every SR-IOV GPU of the profile offers (its TotalVFs), before anything is made."""
+    if vfs is None:
+        return
+    specs = [make(0) for _, make in _models(vfs).get(profile, [])]
+    totals = [s["totalvfs"] for s in specs if s.get("totalvfs")]
+    if vfs < 0 or (totals and vfs > min(totals)):
+        most = min(totals) if totals else 0
+        raise InvalidInput(f"--vfs {vfs}: the SR-IOV GPUs of profile {profile} have 0 to {most} VFs (TotalVFs)",
+                           hint=f"give --vfs from 0 to {most}")
+
+
+def _build(tree: SimTree, profile: str, scale: int, vfs: int | None) -> None:
+    """Copy 0 of every model first, at the addresses a single host has; then copy 1 of each, and so on."""
+    models = _models(vfs)
     if profile == "gvtg":
         add_gpu(tree, "0000:00:02.0", _gvtg())
         return
@@ -215,21 +234,40 @@ def _create_nvml(root: Path, tree: SimTree) -> None:
 
 
 def create(root: str | Path, profile: str, scale: int = 1, vfs: int | None = None, force: bool = False) -> Path:
-    root = Path(root)
     if scale < 1:
         raise InvalidInput("--scale must be at least 1")
     if profile not in PROFILES:
         raise InvalidInput(f"unknown simulator profile '{profile}'", hint=f"choose one of: {', '.join(PROFILES)}")
+    _check_vfs(profile, vfs)
+    root = _directory(root)
     if root.exists() and any(root.iterdir()):
         if not (root / SIM_MARKER).exists():  # never delete a directory we did not make, --force or not
             raise Conflict(f"{root} exists and is not a simulated host", hint="choose an empty or new directory")
         if not force:
             raise Conflict(f"{root} already holds a simulated host", hint="pass --force to rebuild it")
         shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise userfiles.refusal(exc, root, "create the directory") from None
     try:
         _populate(root, profile, scale, vfs)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-made
         raise
+    return root
+
+
+def _directory(name: str | Path) -> Path:
+    """The directory `sim create` builds in: new, or a directory (never a symlink, a file or a device)."""
+    root = userfiles.checked_path(name, "sim create")
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return root
+    except OSError as exc:
+        raise userfiles.refusal(exc, root, "use") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InvalidInput(f"{root} is {userfiles.kind(st.st_mode)}, not a directory",
+                           hint="name a new or empty directory")
     return root

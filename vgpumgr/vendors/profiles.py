@@ -31,6 +31,10 @@ VENDOR_NAMES = {
     "1d94": "Hygon", "1e3e": "Iluvatar CoreX", "9999": "MetaX", "1e36": "Enflame", "1ee0": "Biren",
 }
 
+# Intel's per-VF memory quota: the smallest profile in Intel's xpumanager `vgpu.conf` is 704 MiB (Data Center GPU
+# Max 1100, 63 VFs; docs/sources.md, the Flex/Max row); far below that a VF cannot hold a guest driver's contexts
+MIN_VF_MEMORY_MIB = 512
+
 
 @dataclass(frozen=True)
 class Profile:
