@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
+import stat
 
 from vgpumgr.config import Config
 from vgpumgr.errors import InvalidInput
@@ -43,10 +43,17 @@ def systemd_socket() -> socket.socket | None:
 def bind_unix_socket(path: str) -> socket.socket:
     """A listening unix socket at `path`, created rw for owner and group only (never world-accessible,
     not even for a moment: the mode comes from the umask at bind time)."""
-    sock_path = Path(path)
-    sock_path.parent.mkdir(parents=True, exist_ok=True)
-    if sock_path.is_socket():
-        sock_path.unlink()  # left over from a previous run; bind() cannot reuse it
+    from vgpumgr.userinput import files
+
+    sock_path = files.checked_path(path, "--socket")
+    try:
+        sock_path.parent.mkdir(parents=True, exist_ok=True)
+        if stat.S_ISSOCK(os.lstat(sock_path).st_mode):
+            sock_path.unlink()  # left over from a previous run; bind() cannot reuse it
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise files.refusal(exc, sock_path, "listen on", "choose a path in a writable directory") from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o777 & ~SOCKET_MODE)
     try:

@@ -186,8 +186,9 @@ def test_fixed_share_in_mixed_size_mode_is_refused_with_the_reason(sim: tuple[Pa
     assert json.loads(ok(*g, "scheduler", "set", L40S, "equal-share"))["status"] == "applied"  # equal share is fine
     rc, _, err = run(*g, "scheduler", "set", A100, "equal-share")  # MIG is on there
     assert rc == 4 and "MIG mode is on" in err
-    rc, _, err = run(*g, "scheduler", "set", L40S, "equal-share", "--timeslice", "31")
-    assert rc == 2 and "1..30" in err
+    with pytest.raises(SystemExit) as exc:  # argparse: the bounds of vgpumgr.userinput.numbers
+        run(*g, "scheduler", "set", L40S, "equal-share", "--timeslice", "31")
+    assert exc.value.code == 2
     # after a reboot the driver has forgotten the mode, but restore will set it again: still refused
     ok(*g, "sim", "reboot")
     rc, _, err = run(*g, "scheduler", "set", L40S, "fixed-share")
@@ -215,7 +216,7 @@ def test_persist_writes_the_documented_values(sim: tuple[Path, tuple[str, ...]],
     rc, _, err = run(*g, "scheduler", "persist", "--file", str(mine))
     assert rc == 4 and "not written by `vgpumgr scheduler persist`" in err and mine.read_text().startswith("options")
     rc, _, err = run(*g, "scheduler", "persist", "--file", "/proc/no-such/dir/x.conf")
-    assert rc not in (0, 70) and "writing /proc/no-such/dir/x.conf failed" in err, (rc, err)
+    assert rc not in (0, 70) and "cannot write into /proc/no-such/dir" in err, (rc, err)
 
 
 # -- the RmPVMRL encoder against every value NVIDIA documents --------------------------------------------

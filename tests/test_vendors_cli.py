@@ -149,7 +149,7 @@ def test_passthrough_only_cards(host: Host) -> None:
 def test_vendor_prepare_bad_input(host: Host) -> None:
     assert run("vendor", "prepare", FLEX, "--vf-memory", "2000")[0] == 2  # needs --vfs
     assert run("vendor", "prepare", ASCEND, "--vfs", "2")[0] == 2  # vNPU VFs are the driver's own
-    assert run("vendor", "prepare", MLU, "--vfs", "2", "--vf-memory", "100")[0] == 2  # no quota knob
+    assert run("vendor", "prepare", MLU, "--vfs", "2", "--vf-memory", "600")[0] == 2  # no quota knob
     assert run("vendor", "prepare", "0000:3b:00.0")[0] == 2  # the T4: no vendor profile
     assert run("vendor", "prepare", "0000:aa:00.0")[0] == 3
     assert run("vendor", "prepare", "zz")[0] == 2

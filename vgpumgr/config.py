@@ -22,19 +22,26 @@ class Config:
     @classmethod
     def resolve(cls, sysfs_root: str | None = None, state_dir: str | None = None, db: str | None = None,
                 connect: str | None = None, actor: str | None = None) -> Config:
+        from vgpumgr.userinput import files
+
         host = Host.from_env(sysfs_root)
         sd = state_dir or os.environ.get("VGPUMGR_STATE_DIR")
         if sd:
-            state = Path(sd)
+            state = files.checked_path(sd, "--state-dir")
+            if os.path.lexists(state) and not files.is_dir(state, "--state-dir"):
+                from vgpumgr.errors import InvalidInput
+
+                raise InvalidInput(f"the state directory {sd} is not a directory",
+                                   hint="pass --state-dir DIR (or VGPUMGR_STATE_DIR) of a directory, or a new path")
         elif host.simulated:
             state = host.root / ".vgpumgr-state"  # a simulated host keeps its DB and locks with it
         elif os.geteuid() == 0:
             state = Path("/var/lib/vgpumgr")
         else:
             state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local/state")) / "vgpumgr"
-        url = db or os.environ.get("VGPUMGR_DB") or f"sqlite:///{state / 'vgpumgr.db'}"
-        uri = connect or os.environ.get("VGPUMGR_LIBVIRT_URI") or (
-            "test:///default" if host.simulated else "qemu:///system")
+        url = files.text_option(db or os.environ.get("VGPUMGR_DB") or f"sqlite:///{state / 'vgpumgr.db'}", "--db")
+        uri = files.text_option(connect or os.environ.get("VGPUMGR_LIBVIRT_URI") or (
+            "test:///default" if host.simulated else "qemu:///system"), "--connect")
         who = actor or os.environ.get("VGPUMGR_ACTOR") or _login()
         return cls(host=host, state_dir=state, db_url=url, libvirt_uri=uri, actor=who,
                    domain_type=os.environ.get("VGPUMGR_DOMAIN_TYPE", "kvm"))

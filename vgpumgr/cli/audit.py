@@ -76,6 +76,10 @@ def _audit_checkpoints(args: argparse.Namespace, out: TextIO) -> int:
     if args.csv or args.output and args.action_ != "export":
         raise InvalidInput(f"`audit {args.action_}` takes neither --csv nor --output",
                            hint="--output FILE goes with `audit export`; --json with verify and checkpoint")
+    if args.output is not None:  # refused before a checkpoint is written
+        from vgpumgr.userinput import files
+
+        files.target(args.output, "--output", replace=True)
     svc = service(args)
     cp = svc.checkpointer
     engine = svc.sessions.kw["bind"]
@@ -111,19 +115,11 @@ def _audit_checkpoints(args: argparse.Namespace, out: TextIO) -> int:
 
 def _write_bundle(bundle: dict[str, Any], path: str | None, out: TextIO) -> None:
     import json
-    import os
-    from pathlib import Path
 
     text = json.dumps(bundle, indent=1, ensure_ascii=False) + "\n"
     if not path:
         out.write(text)
         return
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)  # nothing half-written under the name asked for
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise InvalidInput(f"cannot write the export to {path}: {exc.strerror}",
-                           hint="choose a writable path with --output") from exc
+    from vgpumgr.userinput import files
+
+    files.write(path, text.encode("utf-8"), what="--output", mode=0o600)  # nothing half-written, nothing beside

@@ -169,14 +169,13 @@ def db_restore(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.audit.checkpoints import Checkpointer
     from vgpumgr.db import admin
     from vgpumgr.db.session import get_engine
-    from vgpumgr.errors import NotFound
     from vgpumgr.hostfs.locking import host_lock
     from vgpumgr.ops import backup_diff
     from vgpumgr.ops.context import hostname
+    from vgpumgr.userinput import files
 
-    cfg, source, written = _cfg(args), Path(args.file), []
-    if not source.is_file():
-        raise NotFound(f"{source} does not exist", hint="name the backup file written by `vgpumgr db backup`")
+    cfg, written = _cfg(args), []
+    source = files.regular(args.file, "db restore", hint="name the backup file written by `vgpumgr db backup`")
 
     def record(kept: Path) -> None:
         cp = Checkpointer.from_env(cfg.state_dir, hostname(), simulated=cfg.host.simulated)

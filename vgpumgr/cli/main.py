@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         err.write("vgpumgr: interrupted\n")
         return 130
     except Exception as e:  # noqa: BLE001 - a bug: say so plainly; VGPUMGR_DEBUG=1 shows the traceback
-        known = _database_error(e)
+        known = _database_error(e) or _path_error(e)
         if known is not None:
             err.write(f"vgpumgr: error: {known.message}\n  hint: {known.hint}\n")
             return known.exit_code
@@ -291,6 +291,16 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         err.write(f"vgpumgr: internal error: {type(e).__name__}: {e}\n"
                   "  hint: this is a bug in vgpumgr; run again with VGPUMGR_DEBUG=1 and report the traceback\n")
         return 70
+
+
+def _path_error(e: Exception) -> VgpuError | None:
+    """An OSError on a named path that no rule of vgpumgr.userinput caught first (a --state-dir under /proc): the
+    path and what the errno means, exit 2/3/5, not a bug report."""
+    if not isinstance(e, OSError) or e.filename is None or os.environ.get("VGPUMGR_DEBUG"):
+        return None
+    from vgpumgr.userinput.files import refusal
+
+    return refusal(e, e.filename, "use")
 
 
 def _database_error(e: Exception) -> VgpuError | None:

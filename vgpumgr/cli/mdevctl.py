@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -13,8 +14,18 @@ from vgpumgr.platforms import mdevctl
 
 
 def _directory(args: argparse.Namespace, svc: Any) -> Path:
-    # mdevctl's own place, under the host root (a simulated root keeps its own)
-    return Path(args.dir) if args.dir else svc.host.root / "etc/mdevctl.d"
+    """--dir (a directory, or a new one in a directory), else mdevctl's own place under the host root (a simulated
+    root keeps its own)."""
+    from vgpumgr.errors import InvalidInput
+    from vgpumgr.userinput import files
+
+    if args.dir is None:
+        return svc.host.root / "etc/mdevctl.d"
+    path = files.checked_path(args.dir, "--dir").absolute()
+    if not files.is_dir(path, "--dir") and (os.path.lexists(path) or not files.is_dir(path.parent, "--dir")):
+        raise InvalidInput(f"--dir {path} is not a directory (nor a new one in a directory)",
+                           hint="name the definitions directory, such as /etc/mdevctl.d")
+    return path
 
 
 def _live_mdev_records(svc: Any) -> list[dict[str, Any]]:

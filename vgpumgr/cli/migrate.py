@@ -20,12 +20,14 @@ def _remote(args: argparse.Namespace, url: str | None = None, token_file: str | 
     token = os.environ.get("VGPUMGR_TO_TOKEN", "")
     token_file = token_file or (args.to_token_file if isinstance(args.to_token_file, str) else None)
     if token_file:
+        from vgpumgr.userinput import files
+
+        hint = "give a file holding a token of the destination's vgpumgr service"
+        data = files.read(token_file, what="--to-token-file", limit=4096, hint=hint)
         try:
-            with open(token_file) as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise InvalidInput(f"cannot read the token file {token_file}: {e.strerror}",
-                               hint="give a file holding a token of the destination's vgpumgr service") from None
+            token = data.decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise InvalidInput(f"--to-token-file: {token_file} is not a token (not ASCII text)", hint=hint) from None
     return Remote(url, token)
 
 

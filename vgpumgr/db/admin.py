@@ -210,6 +210,7 @@ def verified(path: Path) -> Copy:
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as raw:  # closed: no lock outlives it
             revision = raw.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+            journal = raw.execute("PRAGMA journal_mode").fetchone()[0]
     except (sqlite3.DatabaseError, TypeError) as exc:
         raise InvalidInput(f"{path} is not a vgpumgr SQLite database ({exc})",
                            hint="name a file written by `vgpumgr db backup`") from exc
@@ -219,6 +220,9 @@ def verified(path: Path) -> Copy:
             result = audit.verify(s)
     finally:
         dispose_engine(url)
+        if journal != "wal":  # the engine made it a WAL database: back as it was, no -wal/-shm left beside it
+            with closing(sqlite3.connect(path)) as conn:
+                conn.execute(f"PRAGMA journal_mode={journal}").fetchall()
     if not result.ok:
         first = result.problems[0]
         raise AuditBroken(f"the audit chain of {path} does not verify: event {first.seq}: {first.reason}",
@@ -239,9 +243,9 @@ def backup(url: str, dest: Path, *, force: bool = False) -> Copy:
     with files.atomic_target(dest, what="db backup", replace=force, mode=0o600) as tmp:
         with closing(sqlite3.connect(src)) as live, closing(sqlite3.connect(tmp)) as out:
             live.backup(out)
-        copy = verified(tmp)
         with closing(sqlite3.connect(tmp)) as out:  # a WAL database keeps -wal/-shm files named after tmp
             out.execute("PRAGMA journal_mode=DELETE").fetchall()
+        copy = verified(tmp)
     copy.path = str(Path(dest).absolute())
     return copy
 

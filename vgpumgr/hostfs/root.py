@@ -76,8 +76,10 @@ class Kernel:
 
 class Host:
     def __init__(self, root: str | os.PathLike[str] = "/", kernel: type[Kernel] | None = None) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
+        from vgpumgr.userinput import files
+
+        self.root = files.checked_path(root, "--sysfs-root")
+        if not files.is_dir(self.root, "--sysfs-root"):
             raise InvalidInput(f"sysfs root '{root}' is not a directory",
                                hint="pass --sysfs-root DIR of an existing tree, or make one with `vgpumgr sim create`")
         self._fixed_paths()

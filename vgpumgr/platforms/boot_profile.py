@@ -15,6 +15,7 @@ TOML (read with the standard library) or JSON, chosen by the file's suffix:
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,14 +71,16 @@ class BootProfile:
 
 
 def load(path: str | Path) -> BootProfile:
+    from vgpumgr.userinput import files
+
     p = Path(path)
+    hint = "write one (see docs/openstack.md) or pass another --profile"
+    if not os.path.lexists(files.checked_path(p, "the profile")):
+        raise NotFound(f"no profile file {p}", hint=hint)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise NotFound(f"no profile file {p}",
-                       hint="write one (see docs/openstack.md) or pass another --profile") from None
-    except OSError as e:
-        raise InvalidInput(f"cannot read the profile {p}: {e.strerror}") from e
+        text = files.read(p, what="the profile", limit=1 << 20, hint=hint).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"the profile {p} is not UTF-8 text", hint=hint) from None
     if p.suffix == ".json":
         try:
             data = json.loads(text)

@@ -130,8 +130,13 @@ def export(definitions: list[Definition], directory: Path) -> dict[str, list[str
             pass
         except OSError as e:
             raise InvalidInput(f"cannot read {path}: {e.strerror}") from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, text)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(path, text)
+        except OSError as e:
+            from vgpumgr.userinput import files
+
+            raise files.refusal(e, path, "write") from None
         written.append(str(path))
     return {"written": written, "unchanged": unchanged}
 

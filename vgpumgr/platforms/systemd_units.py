@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -38,7 +39,12 @@ def check_executable(path: Path | str | None) -> Path:
     if not _SAFE_PATH.match(str(p)):
         raise InvalidInput(f"'{str(p)[:200]}' cannot be used in a unit's ExecStart=",
                            hint="give an absolute path of letters, digits and ._+-/ only (--bin)")
-    if not (p.is_file() and os.access(p, os.X_OK)):
+
+    try:
+        executable = stat.S_ISREG(os.stat(p).st_mode) and os.access(p, os.X_OK)
+    except OSError:
+        executable = False
+    if not executable:
         raise NotFound(f"{p} is not an executable file", hint="pass --bin with the path of the vgpumgr command")
     return p
 
@@ -52,21 +58,13 @@ def render(name: str, executable: Path) -> str:
 
 def install(dest: Path | str, executable: Path) -> list[Path]:
     """Write every unit into `dest` (each file replaced atomically); returns the paths written."""
-    d = Path(dest)
-    if not d.is_dir():
+    from vgpumgr.userinput import files
+
+    d = files.checked_path(dest, "--dest")
+    if not files.is_dir(d, "--dest"):
         raise NotFound(f"{d} is not a directory", hint=f"create it first, or use the default {DEFAULT_DEST}")
     texts = {name: render(name, executable) for name in UNITS}  # all read before anything is written
     written = []
     for name, text in texts.items():
-        target = d / name
-        tmp = d / f".{name}.tmp"
-        try:
-            tmp.write_text(text)
-            tmp.chmod(0o644)
-            os.replace(tmp, target)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise InvalidInput(f"cannot write {target}: {exc.strerror}",
-                               hint="run as root, or choose a writable directory with --dest") from exc
-        written.append(target)
+        written.append(files.write(d / name, text.encode(), what="a systemd unit", mode=0o644))
     return written

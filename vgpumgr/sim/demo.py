@@ -42,8 +42,9 @@ def scratch_dir() -> Path:
 def demo(args: argparse.Namespace, out: TextIO) -> int:
     from vgpumgr.cli.main import main
     from vgpumgr.sim import profiles
+    from vgpumgr.userinput import files
 
-    base = Path(args.dir) if args.dir else scratch_dir()
+    base = files.checked_path(args.dir, "demo --dir") if args.dir is not None else scratch_dir()
     root = base / "host"
     t0 = time.monotonic()
     saved = {k: os.environ.get(k) for k in ("VGPUMGR_SYSFS_ROOT", "VGPUMGR_LIBVIRT_URI", "VGPUMGR_DB",

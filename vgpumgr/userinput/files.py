@@ -64,6 +64,39 @@ def checked_path(name: str | os.PathLike[str], what: str) -> Path:
     return path
 
 
+def is_dir(path: Path, what: str) -> bool:
+    """Whether `path` is a directory (following links: a root or state directory may be one); False when it does
+    not exist, a refusal for any other error (a name too long, a component that is a file is just False)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise refusal(exc, path, f"use {what}") from None
+
+
+def text_option(value: str, what: str, limit: int = 4096) -> str:
+    """A global option's text (a URL, a URI): no control character, not absurdly long."""
+    if len(value) > limit or any(ord(c) < 32 or c == "\x7f" for c in value):
+        raise InvalidInput(f"{what} {_shown(value)} holds control characters or is longer than {limit}",
+                           hint=f"give a valid {what.lstrip('-')}")
+    return value
+
+
+def regular(name: str | os.PathLike[str], what: str, hint: str | None = None) -> Path:
+    """The path of the regular file `name`, checked by the reading rule without reading it (for a reader that
+    is not ours, SQLite's)."""
+    path = _inside(checked_path(name, what))
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise refusal(exc, path, "read", hint) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(f"{what}: {_shown(path)} is {kind(st.st_mode)}, not a regular file",
+                           hint=hint or "name a regular file")
+    return path
+
+
 def _inside(path: Path) -> Path:
     """The file `path` names, following a symbolic link only where it stays in the directory path names."""
     try:
@@ -123,7 +156,8 @@ def read(name: str | os.PathLike[str], *, what: str, limit: int, hint: str | Non
     return b"".join(chunks)
 
 
-def _target(name: str | os.PathLike[str], what: str, replace: bool) -> Path:
+def target(name: str | os.PathLike[str], what: str, replace: bool) -> Path:
+    """`name` made absolute, if vgpumgr may write it: a new file or (with `replace`) a regular one, in a directory."""
     path = checked_path(name, what).absolute()
     try:
         st = os.lstat(path)
@@ -158,7 +192,7 @@ def atomic_target(name: str | os.PathLike[str], *, what: str, replace: bool = Fa
     """A temporary file (`mode`, empty) in the directory of `name` to fill; renamed to `name` when the block ends
     without an exception, removed (with any SQLite companions) when it raises. Yields the temporary path; the
     final path is `name` made absolute."""
-    path = _target(name, what, replace)
+    path = target(name, what, replace)
     tmp = path.with_name(f".vgpumgr-{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -168,7 +202,7 @@ def atomic_target(name: str | os.PathLike[str], *, what: str, replace: bool = Fa
         raise refusal(exc, path, "write") from None
     try:
         yield tmp
-        _target(path, what, replace)  # nothing has appeared there meanwhile that must not be replaced
+        target(path, what, replace)  # nothing has appeared there meanwhile that must not be replaced
         os.replace(tmp, path)
     except OSError as exc:
         raise refusal(exc, path, "write") from None
