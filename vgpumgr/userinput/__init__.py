@@ -1,6 +1,6 @@
 """What a user hands vgpumgr on the command line or over REST, read by one set of rules (issue 43): files read
-(`files.read`), files written (`files.atomic_target`, `files.write`) and numbers parsed (`numbers`).
-
-Its own small folder rather than under `cli/`: the rules are used below the command line too (`db backup` in
-vgpumgr.db.admin, the scheduler's modprobe file in vgpumgr.ops, the licence token the service stores), and they
-import nothing of vgpumgr but `errors`, so any layer may use them without an import cycle."""
+(`files.read`, `files.regular`), files written (`files.atomic_target`, `files.write`) and numbers parsed
+(`numbers`).
+Layer 0: may import errors only, so that every layer may use it (hostfs's root and config check the paths they
+are given, db's backup writes by it, cli and api parse numbers by it); hence its own small folder, not cli/.
+"""
