@@ -13,7 +13,7 @@ PACKAGE = ROOT / "vgpumgr"
 
 # A unit is a folder of vgpumgr/ or a module at its root (or api/). A unit may import its own layer and below.
 LAYERS = {
-    "errors": 0, "kinds": 0, "ids": 0, "model": 0, "resources": 0,
+    "errors": 0, "kinds": 0, "ids": 0, "model": 0, "resources": 0, "userinput": 0,
     "hostfs": 1, "config": 1,
     "nvidia": 2, "mig": 2, "guest": 2, "platforms": 2,
     "discovery": 3, "backends": 3, "vendors": 3,

@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 from vgpumgr.cli.output import dump_json, table
 from vgpumgr.userinput.numbers import integer
-from vgpumgr.vendors import MIN_VF_MEMORY_MIB
+from vgpumgr.vendors.profiles import MIN_VF_MEMORY_MIB
 
 
 def register(sub: Any, cmd: Any, group: Any) -> None:

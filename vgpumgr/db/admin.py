@@ -132,7 +132,7 @@ def downgrade(url: str, plan: Downgrade, *, backup_to: Path | None, actor: str, 
     """Carry out `plan` (from downgrade_plan, confirmed by the caller): an audit event first (it is in the backup
     even when the audit trail itself is dropped), then the backup (SQLite: `backup_to`; PostgreSQL: None, the
     operator's pg_dump), then the steps in one transaction."""
-    from vgpumgr import audit
+    from vgpumgr.audit import chain as audit
     from vgpumgr.db.session import downgrade as run_downgrade
 
     if not plan.steps:
