@@ -4,8 +4,10 @@ while one is missing (the command list comes from the argparse tree, the route l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,6 +199,13 @@ class Paths:
         (base / "file").write_text("options nvidia\n")
         os.symlink("/etc/passwd", base / "link-out")
         self.fresh_count = 0
+        # the devices as nodes of their own (root may make them): a bug that replaces one must not take the
+        # machine's /dev/zero with it
+        self.zero, self.full = "/dev/zero", "/dev/full"
+        with contextlib.suppress(OSError):
+            os.mknod(base / "zero", 0o666 | stat.S_IFCHR, os.makedev(1, 5))
+            os.mknod(base / "full", 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+            self.zero, self.full = str(base / "zero"), str(base / "full")
 
     def close(self) -> None:
         os.close(self.writer)
@@ -204,7 +213,7 @@ class Paths:
 
     def values(self, slot: Slot) -> list[str]:
         b = self.base
-        out = [str(b / "fifo"), str(b / "fifo-w"), "/dev/zero", "/dev/full", str(b / "sock"), str(b / "dir"),
+        out = [str(b / "fifo"), str(b / "fifo-w"), self.zero, self.full, str(b / "sock"), str(b / "dir"),
                str(b / "link-out"), str(b / "missing"), str(b / ("n" * 300)), str(b) + "/d" * 2100,
                "/proc/self/mem", "/proc/vgpumgr-hostile", "/sys/vgpumgr-hostile", str(b / "file" / "sub"), "",
                str(b / "a\0b")]
