@@ -223,3 +223,26 @@ def test_sim_create_refuses_what_is_not_a_directory(tmp_path: Path) -> None:
         rc, _, err = run("sim", "create", str(path), "--profile", "t4")
         assert rc == code, (path, err)
     assert sorted(os.listdir(tmp_path)) == ["fifo", "file"]
+
+
+def test_metrics_needs_a_token_on_tcp_unless_the_operator_says_otherwise(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve` decides: TCP needs a token for /metrics, `--metrics-public` or a unix socket does not."""
+    import uvicorn
+
+    import api.app
+    from api import server
+
+    seen: list[bool] = []
+    real = api.app.create_app
+    monkeypatch.setattr(api.app, "create_app", lambda cfg, metrics_public=False: seen.append(metrics_public) or
+                        real(cfg, watch=False, metrics_public=metrics_public))
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: None)
+    root = profiles.create(tmp_path / "host", "t4")
+    cfg = server.Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / "state"), connect="test:///default")
+    server.serve(cfg, port=8471)
+    server.serve(cfg, port=8471, metrics_public=True)
+    server.serve(cfg, uds=str(tmp_path / "api.sock"))
+    assert seen == [False, True, True]
+    dbs.dispose_engine(cfg.db_url)
