@@ -95,8 +95,7 @@ def _call(agent: Callable[..., Any], command: str, arguments: dict[str, Any] | N
         return agent(command, arguments, _budget(end))
     except Timeout:
         raise Unknown("timed-out") from None
-    except (Unavailable, GuestNotReady) as e:  # libvirt: "Guest agent is not responding: QEMU guest agent is not
-        # connected" (none)
+    except (Unavailable, GuestNotReady) as e:  # "Guest agent is not responding: ... is not connected" (none)
         text = e.message.lower()  # or "...: Guest agent not available for now" (no answer in time)
         raise Unknown("no-agent" if "not connected" in text or "not configured" in text else "timed-out") from None
     except VgpuError as e:
