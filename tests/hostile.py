@@ -137,6 +137,8 @@ CLI: dict[tuple[str, ...], list[list[object]]] = {
     ("gpu", "slots"): [[S]],
     ("gpu", "compact"): [[S], [L40S, "--for", S]],
     ("vendor", "list"): [["--json", "--sysfs-root", D]],
+    ("guests", "telemetry"): [[S, "on"], ["--pool", S, "on"], [S]],
+    ("guests", "check"): [["--driver", S]],
     ("vendor", "prepare"): [[S], [L40S, "--vfs", N], [L40S, "--vfs", "2", "--vf-memory", N]],
 }
 ALIASES = {"licence": "license"}  # `licence X` is `license X`: run once, covered by its row
@@ -177,6 +179,8 @@ REST: dict[tuple[str, str], dict[str, object] | None] = {
     ("POST", "/v1/licences/deliver/{name}"): None,
     ("PUT", "/v1/gpus/{address}/vgpu-mode"): {"mode": "mixed"},
     ("GET", "/v1/gpus/{address}/slots"): None, ("GET", "/v1/health"): None, ("GET", "/metrics"): None,
+    ("GET", "/v1/guests/telemetry"): None, ("PUT", "/v1/guests/telemetry"): {"vm": "v43", "telemetry": "on"},
+    ("POST", "/v1/guests/check"): None,
 }
 JSON_VALUES = ["", "x" * 20000, "\x01\x1b[2J", "a\0b", "٥", "../../etc/passwd", -1, 0, 2**63, -(2**63) - 1, 10**40,
                1e308, None, [], {}, True, "ünï—名"]

@@ -168,7 +168,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[Service, TestClient]]:
     svc.create_vm("pt", passthrough=[T4], start=True)
     guest_tools.configure(guest_of(svc, "pt"), gpus=[{"util": 37, "mem_util": 4, "mem_used": 2048,
                                                       "mem_total": 15360}])
-    app = create_app(svc.cfg, service=svc, watch=False)
+    app = create_app(svc.cfg, service=svc, watch=False, metrics_public=True)
     yield svc, TestClient(app)
     app.state.sampler.guests.stop()  # its libvirt connections would keep this test's domains alive
 
