@@ -266,7 +266,7 @@ def test_the_grafana_dashboard_uses_only_metrics_the_service_exports(busy: tuple
     dashboard = json.loads((Path(__file__).resolve().parents[1] / "scripts/grafana/vgpumgr-vgpus.json").read_text())
     text = json.dumps(dashboard)
     used = set(re.findall(r"vgpumgr_[a-z_]+", text))
-    client = TestClient(create_app(busy[0].cfg, service=busy[0], watch=False))
+    client = TestClient(create_app(busy[0].cfg, service=busy[0], watch=False, metrics_public=True))
     exported = set(re.findall(r"^# TYPE (\S+)", client.get("/metrics").text, re.M))  # the guest ones when none is read
     assert used and used <= exported, used - exported
     assert {p["type"] for p in dashboard["panels"]} == {"timeseries", "table"}

@@ -18,6 +18,7 @@ import pytest
 
 from vgpumgr.cli.main import main
 from vgpumgr.db import session as dbs
+from vgpumgr.db.schema import SCHEMA_REVISION
 from vgpumgr.sim import profiles
 
 
@@ -72,7 +73,7 @@ def test_downgrade_needs_the_confirmation_takes_a_backup_and_keeps_the_audit_tra
     rc, out, _ = run("db", "downgrade", "base", "--dry-run", "--json")
     assert rc == 0 and json.loads(out)["dropped_tables"]["audit_events"] == before["audit_events"]
     assert _tables(db) == before
-    assert run("db", "downgrade", "0013_vendor_slices")[1].startswith("the database is already at")
+    assert run("db", "downgrade", SCHEMA_REVISION)[1].startswith("the database is already at")
 
     rc, out, _ = run("db", "downgrade", "0011_scheduler", "--yes-destroy-data")
     assert rc == 0 and "licence_deliveries" in out
@@ -86,7 +87,7 @@ def test_downgrade_needs_the_confirmation_takes_a_backup_and_keeps_the_audit_tra
     assert (tmp_path / "kept.db").stat().st_mode & 0o777 == 0o600
     assert "audit_events" not in _tables(db)
     first = sorted(p.name for p in db.parent.iterdir() if "before-downgrade" in p.name)
-    assert len(first) == 1 and first[0].startswith("vgpumgr.db.before-downgrade-0013_vendor_slices-")
+    assert len(first) == 1 and first[0].startswith(f"vgpumgr.db.before-downgrade-{SCHEMA_REVISION}-")
     rc, _, err = run("db", "downgrade", "0011_scheduler", "--yes-destroy-data")
     assert rc == 2 and "no schema" in err
 
