@@ -56,7 +56,8 @@ CLI: dict[tuple[str, ...], list[list[object]]] = {
     ("sim", "reboot"): [["--sysfs-root", D]],
     ("sim", "hold"): [[S], [VF, "--by", S]],
     ("sim", "guest"): [["start", S], ["load", VF, "--load", "sm={num}"], ["load", VF, "--load", S],
-                       ["start", VF, "--vm", S], ["load", VF, "--fb-used-mb", N], ["licence", VF, "--state", S]],
+                       ["start", VF, "--vm", S], ["load", VF, "--fb-used-mb", N], ["licence", VF, "--state", S],
+                       ["agent", VF, "--gpu-util", N]],
     ("demo",): [["--dir", W_BAD]],
     ("place",): [["--type", S], ["--type", "T4-1Q", "--vm", S], ["--type", "T4-1Q", "--numa", N],
                  ["--type", "T4-1Q", "--pin-gpu", S], ["--type", "T4-1Q", "--placement-id", N]],
@@ -139,6 +140,8 @@ CLI: dict[tuple[str, ...], list[list[object]]] = {
     ("vendor", "list"): [["--json", "--sysfs-root", D]],
     ("guests", "telemetry"): [[S, "on"], ["--pool", S, "on"], [S]],
     ("guests", "check"): [["--driver", S]],
+    ("doctor",): [["--gpu", S], ["--for", S]],
+    ("sim", "break"): [[S]],  # a valid state would break the shared simulated host for the commands after it
     ("vendor", "prepare"): [[S], [L40S, "--vfs", N], [L40S, "--vfs", "2", "--vf-memory", N]],
 }
 ALIASES = {"licence": "license"}  # `licence X` is `license X`: run once, covered by its row
@@ -180,7 +183,7 @@ REST: dict[tuple[str, str], dict[str, object] | None] = {
     ("PUT", "/v1/gpus/{address}/vgpu-mode"): {"mode": "mixed"},
     ("GET", "/v1/gpus/{address}/slots"): None, ("GET", "/v1/health"): None, ("GET", "/metrics"): None,
     ("GET", "/v1/guests/telemetry"): None, ("PUT", "/v1/guests/telemetry"): {"vm": "v43", "telemetry": "on"},
-    ("POST", "/v1/guests/check"): None,
+    ("POST", "/v1/guests/check"): None, ("GET", "/v1/host/doctor"): None,
 }
 JSON_VALUES = ["", "x" * 20000, "\x01\x1b[2J", "a\0b", "٥", "../../etc/passwd", -1, 0, 2**63, -(2**63) - 1, 10**40,
                1e308, None, [], {}, True, "ünï—名"]

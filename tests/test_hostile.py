@@ -150,6 +150,22 @@ def test_every_command_is_in_the_table() -> None:
     assert sorted(set(CLI) - commands) == []
 
 
+def test_every_number_is_parsed_by_the_one_rule() -> None:
+    """No option takes int() or float() (they read '٥', '1_0', ' 5', 'nan'): vgpumgr.userinput.numbers does."""
+    import argparse
+
+    def actions(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+        for a in parser._actions:
+            yield a
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from actions(sub)
+
+    bare = sorted({"/".join(a.option_strings) or a.dest for a in actions(cli_main.build_parser())
+                   if a.type in (int, float)})
+    assert bare == [], "use vgpumgr.userinput.numbers.integer/decimal"
+
+
 def test_every_route_is_in_the_table(world: World) -> None:
     ops = {(m.upper(), p) for p, item in _spec(world)["paths"].items() for m in item}
     assert sorted(ops - set(REST)) == [], "add the new route to tests/hostile.py's REST table"

@@ -181,7 +181,7 @@ _PROFILE_SUFFIX = {None: "", "ME": "+me", "MEALL": "+me.all", "NOME": "-me", "GF
 def parse_type_name(name: str) -> TypeName | None:
     """Parse NVIDIA's vGPU type grammar; None for names that are not NVIDIA vGPU types. Remembered per name:
     the same few names are asked for on every placement."""
-    if not name:
+    if not name or not name.strip():  # a blank name (" ", "\n") is no type either
         return None
     short = name.strip().split()[-1]
     m = _MIG.match(short)

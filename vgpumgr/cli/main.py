@@ -203,7 +203,7 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
                    "agent: the driver its nvidia-smi names")
     p.add_argument("--exec", dest="exec_mode", metavar="MODE", default="allow",
                    help="agent: allow, block, hang, slow, huge, malformed or no-tool (how the agent treats guest-exec)")
-    p.add_argument("--gpu-util", type=float, action="append", default=[], metavar="PERCENT",
+    p.add_argument("--gpu-util", type=decimal(0, 100, "--gpu-util"), action="append", default=[], metavar="PERCENT",
                    help="agent: a GPU's utilisation as the guest's nvidia-smi reports it (repeat per GPU)")
     p.add_argument("--json", action="store_true")
 
