@@ -98,10 +98,12 @@ def serve(cfg: Config | None = None, host: str = DEFAULT_HOST, port: int = DEFAU
 
     if not 0 < port < 65536:
         raise InvalidInput(f"port {port} is out of range", hint="use 1-65535; the default is 8470")
-    sock = systemd_socket() or (bind_unix_socket(uds) if uds else None)
-    unix = sock is not None and sock.family == socket.AF_UNIX
-    app = create_app(cfg, metrics_public=metrics_public or unix)
+    sock = systemd_socket()
+    unix = sock.family == socket.AF_UNIX if sock is not None else bool(uds)
+    app = create_app(cfg, metrics_public=metrics_public or unix)  # its start cleans up: before the socket appears
     _freeze_start()
+    if sock is None and uds:
+        sock = bind_unix_socket(uds)
     fleet = app.state.service.fleet  # the heartbeat starts with the server: it publishes where we answer
     fleet.endpoint = fleet.endpoint or _endpoint(sock, host, port)
     if sock is None:

@@ -59,6 +59,7 @@ def sim_hosts(tmp: Path, *profiles: str, licence_mode: str = "warn", db: str | N
             name = f"host-{chr(ord('a') + n)}"
             srv = stack.enter_context(running_server(tmp / name, profile, vfs=vfs, licence_mode=licence_mode, db=db,
                                                      hostname=name, env_extra=env_extra, scale=scale))
+            srv.cfg.state_dir.mkdir(parents=True, exist_ok=True)  # a host on PostgreSQL may not have made it yet
             (srv.cfg.state_dir / CONFIG).write_text(json.dumps({
                 "hook": str(LIBVIRT), "env": {"VGPUMGR_SOCKET": str(srv.sock), "VGPUMGR_TOKEN": srv.token,
                                               "VGPUMGR_HOOK_TIMEOUT": "60", "VGPUMGR_RELEASE_GRACE": "0",

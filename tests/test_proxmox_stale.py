@@ -48,7 +48,8 @@ def qm(server: Server, tmp_path: Path) -> Iterator[QemuServer]:
     for a in svc.allocations(live=True):
         svc.release(a["pci_address"] or a["uuid"])
     for p in qm.host.proc.iterdir():
-        shutil.rmtree(p)
+        if p.name.isdigit():  # the simulated processes; /proc/modules, cpuinfo and cmdline stay
+            shutil.rmtree(p)
     for vf in server.vf_types():
         qm.host.write(qm.host.pci(vf) / "nvidia/current_vgpu_type", "0")
 

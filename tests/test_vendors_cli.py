@@ -16,6 +16,7 @@ import pytest
 from lxml import etree
 from simhost import run
 
+from vgpumgr.discovery.inventory import scan
 from vgpumgr.hostfs.root import Host
 from vgpumgr.sim import profiles
 from vgpumgr.sim.vendor_gpus import NPU_SMI
@@ -287,12 +288,15 @@ def test_restore_reads_a_gim_cards_count_once_and_it_is_recorded_once(host: Host
     assert numvfs == 8 and "gim-vf-num" not in vendor_state
     os.unlink(host.root / "etc/modprobe.d/gim.conf")  # GIM now loads with its default vf_num=1
     ok("sim", "reboot")
-    for argv in (("restore", "--dry-run"), ("restore",)):
-        (rc, out, _), reads = opened_during(lambda argv=argv: run(*argv), f"{MI300X}/vendor", f"{MI300X}/device",
-                                            "gim/parameters/vf_num")
+    needles = (f"{MI300X}/vendor", f"{MI300X}/device", "gim/parameters/vf_num")
+    once = Counter({f"bus/pci/devices/{MI300X}/vendor": 1, f"bus/pci/devices/{MI300X}/device": 1,
+                    "module/gim/parameters/vf_num": 1})
+    # a real restore also scans the host once first, to keep the VF counts enabled before it ran (issue 38)
+    _, one_scan = opened_during(lambda: scan(Host(host.root)), *needles)
+    for argv, want in ((("restore", "--dry-run"), once), (("restore",), once + one_scan)):
+        (rc, out, _), reads = opened_during(lambda argv=argv: run(*argv), *needles)
         assert rc == 4 and "GIM made 1 VFs (vf_num=1, SPX/NPS1), 8 are recorded" in out
-        assert reads == {f"bus/pci/devices/{MI300X}/vendor": 1, f"bus/pci/devices/{MI300X}/device": 1,
-                         "module/gim/parameters/vf_num": 1}, reads
+        assert reads == want, reads
     rc, out, _ = run("reconcile", "--json")  # the count recorded once is still checked
     [drift] = json.loads(out)["vendor_drift"]
     assert rc == 10 and drift["gpu"] == MI300X and drift["recorded"] == "GIM VFs 8" and "GIM made 1" in drift["actual"]

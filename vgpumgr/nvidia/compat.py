@@ -88,14 +88,14 @@ def live_migration(vgpu: MigratingVgpu, gpu: CandidateGpu, offered_type: str | N
         return Verdict(False, LIMIT_GPU, f"{gpu.address} is another board ({_board(gpu.device_id, gpu.gpu_name)}) "
                                          f"than the source's ({_board(vgpu.device_id, vgpu.gpu_name)}); NVIDIA "
                                          "migrates a vGPU only between GPUs of the same board")
-    if vgpu.guest_driver and gpu.host_driver:
-        accepted = driver_window.accepts(gpu.host_driver, vgpu.guest_driver)
-        if accepted.ok is False:
-            return Verdict(False, LIMIT_GUEST_DRIVER, f"{gpu.address}: {accepted.reason}")
     if vgpu.host_driver and gpu.host_driver and vgpu.host_driver != gpu.host_driver:
         return Verdict(False, LIMIT_HOST_DRIVER,
                        f"the vGPU manager differs: {gpu.host_driver} on {gpu.address}, {vgpu.host_driver} at the "
                        "source; a live migration needs the same vGPU manager version on both hosts")
+    if vgpu.guest_driver and gpu.host_driver:
+        accepted = driver_window.accepts(gpu.host_driver, vgpu.guest_driver)
+        if accepted.ok is False:
+            return Verdict(False, LIMIT_GUEST_DRIVER, f"{gpu.address}: {accepted.reason}")
     if vgpu.guest_vgpu_version is not None and gpu.vgpu_range is not None:
         low, high = gpu.vgpu_range
         if not low <= vgpu.guest_vgpu_version <= high:
