@@ -90,13 +90,16 @@ def fleet_place(type: str = TYPE, vm: str | None = Query(default=None, min_lengt
                 policy: Literal["pack", "spread"] = "pack",
                 allow_model: list[str] = Query(default=[], max_length=32),
                 deny_model: list[str] = Query(default=[], max_length=32),
+                every_host: bool = False,
                 svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
     """Which host should take `count` vGPUs of `type` (for `vm`: a VM recorded on another host is being moved,
-    and NVIDIA's live-migration rules apply), ranked, and why each other host should not. Changes nothing: ask
-    the chosen host's own service to allocate (`POST /v1/vgpus` there), whose placement is the final word."""
+    and NVIDIA's live-migration rules apply), ranked, and why each other host should not. A fleet of over 200
+    hosts gets its best five hosts and the others counted by reason (`every_host`: false, `rejected_counts`),
+    unless `every_host=true`. Changes nothing: ask the chosen host's own service to allocate (`POST /v1/vgpus`
+    there), whose placement is the final word."""
     req = FleetRequest(type, vm=vm, count=count, strategy=policy, allow_models=tuple(allow_model),
                        deny_models=tuple(deny_model))
-    return svc.fleet_place(req).as_dict()
+    return svc.fleet_place(req, every_host=every_host).as_dict()
 
 
 @router.post("/fleet/publish", tags=["fleet"])

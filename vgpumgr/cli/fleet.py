@@ -61,7 +61,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
                    help="pack: the host with the fewest free instances first; spread: the most")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODEL")
     p.add_argument("--deny-model", action="append", default=[], metavar="MODEL")
-    p.add_argument("--explain", action="store_true", help="every host, ranked or with the reason it was not chosen")
+    p.add_argument("--explain", action="store_true",
+                   help="every host, ranked or with the reason it was not chosen (a fleet of over 200 hosts "
+                        "otherwise gets its best 5 and the others counted by reason)")
     p.add_argument("--json", action="store_true")
     p = cmd(fleet, ("fleet", "publish"), "vgpumgr.cli.fleet:publish",
             "publish this host now, all of it (what `vgpumgr serve` does at start and on every heartbeat)")
@@ -181,7 +183,7 @@ def place(args: argparse.Namespace, out: TextIO) -> int:
 
     req = FleetRequest(args.type, vm=args.vm, count=args.count, strategy=args.policy,
                        allow_models=tuple(args.allow_model), deny_models=tuple(args.deny_model))
-    d = service(args).fleet_place(req)
+    d = service(args).fleet_place(req, every_host=args.explain)
     if args.json:
         dump_json(out, d.as_dict())
     elif args.explain:
