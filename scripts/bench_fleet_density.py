@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """How densely a fleet packs mixed vGPU sizes, and what moving VMs wins back: seeded arrival/departure traces on
-16 hosts x 4 GPUs of 48 GB in mixed-size mode (placement IDs as NVIDIA's driver gives them, placement_ids.py).
+16 hosts x 4 GPUs of 48 GB in mixed-size mode (placement IDs as NVIDIA's driver gives them, placement/ids.py).
 
 Rows, per trace:
 (a) first-free: the first host, the first GPU, the driver's first free placement ID;
 (b) vgpumgr's placement: `fleet place`'s `pack` (the host with the fewest free instances of the size, as the
-    hosts publish them: creatable placements), then that host's own placement (`placement_ids.choose` and
+    hosts publish them: creatable placements), then that host's own placement (`placement.ids.choose` and
     `pack_order`, as bench_mixed.py's (c) row, which a test replays through `placement.place`);
 (c) (b), and when an arrival is refused, `fleet compact`'s plan with at most k migrations (k = 1, 2, 4): of every
-    GPU, the start of the size with the fewest VMs in the way (`placement_ids.fewest_moves`), each of those VMs
+    GPU, the start of the size with the fewest VMs in the way (`placement.ids.fewest_moves`), each of those VMs
     placed by (b) on another host; the first such GPU (fewest moves, then GB) whose VMs all find room is freed
     and the arrival takes the start. Every migration is counted;
 (d) the offline bound: the first arrival at which the VMs present need more GB than the GPUs have, or cannot be
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import bench_mixed as bm  # noqa: E402
 
-from vgpumgr import placement_ids as pid  # noqa: E402
+from vgpumgr.placement import ids as pid  # noqa: E402
 
 HOSTS, PER_HOST, REGION = 16, 4, 48
 KS = (1, 2, 4)

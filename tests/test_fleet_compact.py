@@ -14,7 +14,7 @@ import pytest
 from migration_hosts import SimHost, sim_hosts
 from simhost import run
 
-from vgpumgr.placement import Policy
+from vgpumgr.placement.placer import Policy
 
 L40S = "0000:3d:00.0"
 

@@ -3,7 +3,7 @@
 From what the hosts share (their published rows and the live allocations' records), for every GPU of a fresh,
 uncordoned host that offers the type but has no free instance of it, the VMs that must move off it:
 - a GPU in mixed-size mode whose vGPUs all have the placement ID vgpumgr chose: the VMs in the way of the start of
-  the type that needs the fewest moves (`placement_ids.fewest_moves`, as `gpu compact`);
+  the type that needs the fewest moves (`placement.ids.fewest_moves`, as `gpu compact`);
 - any other GPU (equal-size mode holding a stray vGPU of another size, MIG mode, a placement not known): all of
   its VMs, which leaves it empty, and an empty GPU of its model takes the type (its published maximum is > 0).
 A vGPU without a VM, or whose VM does not run (its allocation is not active), cannot be moved by a live
@@ -20,10 +20,10 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
 from vgpumgr import ids
-from vgpumgr import placement_ids as pid
 from vgpumgr.db.models import ALLOC_ACTIVE, LIVE_STATES, Allocation, Vm
 from vgpumgr.fleet.fragmented import chosen_start
 from vgpumgr.fleet.ranked import _FRESH, _UNCORDONED
+from vgpumgr.placement import ids as pid
 
 PLACEMENT, EMPTY = "placement", "empty-gpu"
 CANDIDATES = 200  # GPUs without room read per plan, fewest vGPUs first
@@ -110,7 +110,7 @@ def vm_counts(s: Session, host_id: int, vms: Sequence[str]) -> dict[str, dict[st
 def options(gpus: Sequence[FullGpu], held_by: dict[tuple[int, str], list[Held]], max_moves: int | None
             ) -> list[Option]:
     """Pure: for each GPU, the VMs that must leave it for the type to fit; fewest moves first."""
-    from vgpumgr.placement_mixed import _arch
+    from vgpumgr.placement.mixed import _arch
 
     out = []
     for g in gpus:
