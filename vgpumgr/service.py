@@ -98,7 +98,7 @@ class Service(Context):
     fleet_hosts = fleet_ops.hosts
     fleet_gpus = fleet_ops.gpus
     fleet_capacity = fleet_ops.capacity
-    fleet_place = fleet_ops.place
+    fleet_place = fleet_compact_ops.place  # fleet_ops.place, and the plan that makes room when nothing fits
     fleet_grid = fleet_ops.grid
     fleet_compact_plan = fleet_compact_ops.plan
     fleet_compact_apply = fleet_compact_ops.apply

@@ -151,8 +151,8 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
           ) -> fleet_place.FleetDecision:
     """Which host should take `request`, and why every other host should not (`every_host`, or a fleet of at
     most EVERY_HOST_UP_TO hosts: a line per host; a larger one: its best hosts, and the others counted by
-    reason, vgpumgr.fleet.ranked). When none can take one vGPU, `compact` names the fewest migrations that make
-    room (`hint`). Changes nothing."""
+    reason, vgpumgr.fleet.ranked). When none can take one vGPU, `compact` names a fragmented mixed-size GPU
+    (`hint`; vgpumgr.ops.fleet_compact.place adds the fleet's plan). Changes nothing."""
     with svc.reads() as s:
         total = ranked.host_count(s)
         if not total:
@@ -175,26 +175,9 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
                 short = store.type_match(request.type)
                 full = [(h.host_id, h.name) for h in store.hosts(s, ranked.no_capacity_hosts(s, short, FRAGMENTED_OF))]
             single = _fragmented(s, request, dict(full))
-    if d.choice is None and request.count == 1 and hint:
-        d = replace(d, compact=_compact_hint(svc, request, single))
+    if single is not None:
+        d = replace(d, compact=single)
     return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
-
-
-def _compact_hint(svc: Context, request: fleet_place.FleetRequest, single: dict[str, Any] | None
-                  ) -> dict[str, Any] | None:
-    """The single GPU whose `gpu compact` frees a start (`single`), or the fleet's plan when it needs fewer moves
-    or is the only one; the plan's moves either way (`plan`: VM, from, to, why)."""
-    from vgpumgr.ops import fleet_compact
-
-    p = fleet_compact.plan(svc, request.type, fits_check=False) if request.vm is None else None
-    if not (p and p["feasible"] and p["moves"]):
-        return {**single, "how": "placement", "plan": None,
-                "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}"} if single else None
-    same = single is not None and (single["host"], single["gpu"]) == (p["host"], p["gpu"])
-    if single is not None and not same and single["moves"] < len(p["moves"]):
-        return {**single, "how": "placement", "plan": None,
-                "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}"}
-    return {**(single if same else {"free_gb": None}), **fleet_compact.hint_of(p)}
 
 
 def _place_ranked(s: Any, request: fleet_place.FleetRequest, total: int

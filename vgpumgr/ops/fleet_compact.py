@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, VgpuError
+from vgpumgr.errors import Conflict, InvalidInput, NoCapacity, VgpuError, error_class
 from vgpumgr.fleet import compaction, store
 from vgpumgr.fleet.place import FleetRequest
 from vgpumgr.ids import parse_type_name
@@ -143,9 +143,7 @@ def failure(p: dict[str, Any]) -> VgpuError | None:
     moved = ", ".join(f"{a['vm']} to {a['to']}" for a in p["applied"]) or "nothing"
     f = p.get("failed")
     if f:
-        from vgpumgr.ops.compact import _error_class
-
-        return _error_class(f["kind"])(
+        return error_class(f["kind"])(
             f"compacting the fleet for {p['type']} stopped: migrating VM {f['vm']} to {f['to']} failed: "
             f"{f['error']}; already moved: {moved}",
             hint=(f"{f['hint']}; " if f.get("hint") else "") + f"VM {f['vm']} was not moved (it runs on "
@@ -167,6 +165,30 @@ def text(p: dict[str, Any]) -> str:
         lines.append(f"{p['type']} places on host {p['placed']} now" if p["placed"] else
                      f"{p['type']} does not place yet (the hosts publish their changes; ask `fleet place` again)")
     return "\n".join(lines) + "\n"
+
+
+def place(svc: Context, request: FleetRequest, *, every_host: bool = False) -> Any:
+    """`fleet place` (vgpumgr.ops.fleet.place) with, when no host can take one vGPU, the fewest migrations that
+    make room in its `compact` hint: the single GPU whose `gpu compact` frees a start, or the fleet's plan when
+    it needs fewer moves or is the only one; the plan's moves either way (`plan`: VM, from, to, why)."""
+    from dataclasses import replace
+
+    from vgpumgr.ops import fleet as fleet_ops
+
+    d = fleet_ops.place(svc, request, every_host=every_host)
+    if d.choice is not None or request.count != 1 or request.vm is not None:
+        return d
+    single = d.compact
+    p = plan(svc, request.type, fits_check=False)
+    if not (p["feasible"] and p["moves"]):
+        return d if single is None else replace(d, compact={
+            **single, "how": "placement", "plan": None,
+            "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}"})
+    same = single is not None and (single["host"], single["gpu"]) == (p["host"], p["gpu"])
+    if single is not None and not same and single["moves"] < len(p["moves"]):
+        return replace(d, compact={**single, "how": "placement", "plan": None,
+                                   "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}"})
+    return replace(d, compact={**(single if same else {"free_gb": None}), **hint_of(p)})
 
 
 def hint_of(p: dict[str, Any]) -> dict[str, Any]:
