@@ -4,7 +4,8 @@ and thrown away by this script), four real services beside them; how long `fleet
 fleet page's first screen and a host's publishing per change take, and how each grows with the hosts.
 
 The simulated hosts are rows written by a load generator through vgpumgr's own publishing code
-(vgpumgr.fleet.store, the statements a host runs): each is one of three real simulated boards (8 x T4 on mdev,
+(vgpumgr.fleet.writes, the statements a host runs; the hosts past the first 300 are copies of their rows made
+in SQL, `clone`): each is one of three real simulated boards (8 x T4 on mdev,
 8 x L40S on vendor VFs, 8 x A100 in MIG mode), its capacity computed once by vgpumgr.fleet.capacity from that
 board's simulated host and then filled to a random level per GPU by the equal-size rule; 1 % are cordoned and
 2 % stale. While the figures are taken a second process keeps publishing changes of random simulated hosts
@@ -115,6 +116,49 @@ def grow(url: str, tpl: dict[str, list[Any]], start: int, stop: int, seed: int =
             if i % 50 == 11:  # 2 % stale: a host that stopped beating an hour ago
                 s.execute(text("UPDATE fleet_hosts SET heartbeat_at = now() - interval '1 hour' WHERE host_id = :h"),
                           {"h": host_id})
+
+
+SEED_HOSTS = 300  # hosts published one by one (random fills); the others are copies of them made in SQL
+
+
+def clone(url: str, start: int, stop: int) -> None:
+    """Simulated hosts start..stop-1 as copies of the first SEED_HOSTS' rows (host i copies host i % SEED_HOSTS),
+    made in SQL: ten thousand hosts published one transaction each take most of an hour on a loaded machine. 1 %
+    cordoned and 2 % stale as grow() makes them."""
+    from sqlalchemy import create_engine, text
+
+    from vgpumgr.db.models import FleetCapacity, FleetGpu, FleetHost, FleetHostType
+
+    def cols(model: Any, skip: str) -> list[str]:
+        return [c for c in model.__table__.columns.keys() if c != skip]
+
+    sets = {"a": start, "b": stop, "seed": SEED_HOSTS}
+    engine = create_engine(url)
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO hosts (name, created_at, last_seen) SELECT 'sim-' || lpad(i::text, 5, '0'), "
+                       "now(), now() FROM generate_series(:a, :b - 1) i"), sets)
+        c.execute(text("CREATE TEMP TABLE m ON COMMIT DROP AS SELECT n.id AS new_id, t.id AS src_id, i, n.name "
+                       "FROM generate_series(:a, :b - 1) i JOIN hosts n ON n.name = 'sim-' || lpad(i::text, 5, '0') "
+                       "JOIN hosts t ON t.name = 'sim-' || lpad((i % :seed)::text, 5, '0')"), sets)
+        h = cols(FleetHost, "host_id")
+        c.execute(text(f"INSERT INTO fleet_hosts (host_id, {', '.join(h)}) SELECT m.new_id, "
+                       + ", ".join("CASE WHEN m.i % 50 = 11 THEN now() - interval '1 hour' ELSE now() END"
+                                   if x == "heartbeat_at" else f"f.{x}" for x in h)
+                       + " FROM m JOIN fleet_hosts f ON f.host_id = m.src_id"))
+        for model in (FleetGpu, FleetCapacity):
+            k = cols(model, "host_id")
+            c.execute(text(f"INSERT INTO {model.__tablename__} (host_id, {', '.join(k)}) SELECT m.new_id, "
+                           + ", ".join(f"x.{x}" for x in k)
+                           + f" FROM m JOIN {model.__tablename__} x ON x.host_id = m.src_id"))
+        k = cols(FleetHostType, "host_id")
+        c.execute(text(f"INSERT INTO fleet_host_types (host_id, {', '.join(k)}) SELECT m.new_id, "
+                       + ", ".join("m.name" if x == "host" else f"x.{x}" for x in k)
+                       + " FROM m JOIN fleet_host_types x ON x.host_id = m.src_id"))
+        c.execute(text("INSERT INTO host_cordons (host_id, reason, cordoned_by, cordoned_at) "
+                       "SELECT new_id, 'bench', 'bench', now() FROM m WHERE i % 100 = 37"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text("ANALYZE"))
+    engine.dispose()
 
 
 def churn(url: str, hosts: int, rate: float, boards: str) -> None:
@@ -248,7 +292,9 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
         rng = random.Random(3)
         have = 0
         for n in scales:
-            grow(url, tpl, have, n)
+            grow(url, tpl, have, min(n, SEED_HOSTS)) if have < SEED_HOSTS else None
+            if n > max(have, SEED_HOSTS):
+                clone(url, max(have, SEED_HOSTS), n)
             have = n
             if churner is not None:
                 churner.terminate()
