@@ -90,13 +90,49 @@ def fleet_place(type: str = TYPE, vm: str | None = Query(default=None, min_lengt
                 policy: Literal["pack", "spread"] = "pack",
                 allow_model: list[str] = Query(default=[], max_length=32),
                 deny_model: list[str] = Query(default=[], max_length=32),
+                every_host: bool = False,
                 svc: Service = Depends(service), _: Token = Depends(require(*READ))) -> dict[str, Any]:
     """Which host should take `count` vGPUs of `type` (for `vm`: a VM recorded on another host is being moved,
-    and NVIDIA's live-migration rules apply), ranked, and why each other host should not. Changes nothing: ask
-    the chosen host's own service to allocate (`POST /v1/vgpus` there), whose placement is the final word."""
+    and NVIDIA's live-migration rules apply), ranked, and why each other host should not. A fleet of over 200
+    hosts gets its best five hosts and the others counted by reason (`every_host`: false, `rejected_counts`),
+    unless `every_host=true`. Changes nothing: ask the chosen host's own service to allocate (`POST /v1/vgpus`
+    there), whose placement is the final word."""
     req = FleetRequest(type, vm=vm, count=count, strategy=policy, allow_models=tuple(allow_model),
                        deny_models=tuple(deny_model))
-    return svc.fleet_place(req).as_dict()
+    return svc.fleet_place(req, every_host=every_host).as_dict()
+
+
+class CompactIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: str = Field(min_length=1, max_length=128, description="the vGPU type to make room for")
+    apply: bool = Field(default=False, description="migrate the planned VMs (from this host), one at a time")
+    max_moves: int = Field(default=8, ge=1, le=64)
+    per_host: int = Field(default=2, ge=1, le=64, description="at most this many moves into one host")
+
+
+@router.get("/fleet/compact", tags=["fleet"])
+def fleet_compact_plan(type: str = TYPE, max_moves: int = Query(default=8, ge=1, le=64),
+                       per_host: int = Query(default=2, ge=1, le=64), svc: Service = Depends(service),
+                       _: Token = Depends(require(*READ))) -> dict[str, Any]:
+    """The fewest live migrations across the fleet that free a placement of `type` on some host: each move's
+    VM, its host, the destination and why it fits there (`feasible` false, with `why`, when none does)."""
+    return svc.fleet_compact_plan(type, max_moves=max_moves, per_host=per_host)
+
+
+@router.post("/fleet/compact", tags=["fleet"])
+def fleet_compact(body: CompactIn, svc: Service = Depends(service), token: Token = Depends(require(*VM_WRITE))
+                  ) -> dict[str, Any]:
+    """Plan as GET does; with `apply`, migrate the planned VMs one at a time from this host (the one whose GPU
+    is freed: 409 naming it otherwise), stopping at the first failure (the error names what was moved)."""
+    from vgpumgr.ops import fleet_compact as ops
+
+    p = svc.fleet_compact_plan(body.type, max_moves=body.max_moves, per_host=body.per_host)
+    if body.apply:
+        p = svc.fleet_compact_apply(p, actor=token.actor)
+        err = ops.failure(p)
+        if err is not None:
+            raise err
+    return p
 
 
 @router.post("/fleet/publish", tags=["fleet"])

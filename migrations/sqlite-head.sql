@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0014_guest_telemetry: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0015_fleet_host_types: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -225,7 +225,7 @@ CREATE TABLE fleet_hosts (
 	heartbeat_at DATETIME NOT NULL, 
 	generation BIGINT NOT NULL, 
 	gpus INTEGER NOT NULL, 
-	vgpus INTEGER NOT NULL, 
+	vgpus INTEGER NOT NULL, types_generation BIGINT, 
 	PRIMARY KEY (host_id), 
 	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
@@ -313,6 +313,26 @@ CREATE TABLE guest_telemetry (
 	CONSTRAINT ck_guest_telemetry_one CHECK ((vm IS NULL) <> (pool_id IS NULL)), 
 	FOREIGN KEY(pool_id) REFERENCES licence_pools (id) ON DELETE CASCADE
 );
-INSERT INTO "alembic_version" VALUES('0014_guest_telemetry');
+CREATE TABLE fleet_host_types (
+	host_id INTEGER NOT NULL, 
+	short VARCHAR(128) NOT NULL, 
+	host VARCHAR(255) NOT NULL, 
+	name VARCHAR(255) NOT NULL, 
+	model VARCHAR(255) NOT NULL, 
+	device_id VARCHAR(8) NOT NULL, 
+	framebuffer_mb INTEGER, 
+	boards INTEGER NOT NULL, 
+	gpus INTEGER NOT NULL, 
+	open_gpus INTEGER NOT NULL, 
+	free INTEGER NOT NULL, 
+	used INTEGER NOT NULL, 
+	max INTEGER NOT NULL, 
+	PRIMARY KEY (host_id, short), 
+	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
+);
+CREATE INDEX ix_fleet_host_types_pack ON fleet_host_types (short, free, host) WHERE free > 0;
+CREATE INDEX ix_fleet_host_types_spread ON fleet_host_types (short, (-free), host) WHERE free > 0;
+CREATE INDEX ix_fleet_host_types_boards ON fleet_host_types (short) WHERE boards > 1;
+INSERT INTO "alembic_version" VALUES('0015_fleet_host_types');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
 INSERT INTO "vgpumgr_schema" VALUES(1,0,NULL);

@@ -5,7 +5,8 @@ comparison's own ratio), met or missed. `scripts/bench_all` runs this with the c
     scripts/bench_all [--quick] [--json]
         [--only allocate,floor,api,vm,discovery,demo,migrate,telemetry,guest,fleet,mixed]
 
-Takes several minutes (the fleet's 1,000 hosts about two of them; `--quick` about half). The benchmarks
+Takes a quarter of an hour and more (the fleet's 1,000, 3,000 and 10,000 hosts most of it; `--quick` stops the
+fleet at 1,000 hosts). The benchmarks
 are the scripts beside this one, run as separate processes with --json; a benchmark that cannot run (no
 PostgreSQL, no virt-install, no root for mdevctl's mount namespace) is listed as skipped with the reason.
 """
@@ -179,20 +180,23 @@ def demo_rows(runs: int) -> list[Row]:
                 f"{r['on_disk_median_s']:.2f} s", "-", "-", "info")]
 
 
-def fleet_rows(queries: int, pairs: int) -> list[Row]:
-    r, why = bench("bench_fleet.py", "--queries", str(queries), "--pairs", str(pairs), timeout=900)
+def fleet_rows(queries: int, pairs: int, scales: str = "1000,3000,10000") -> list[Row]:
+    r, why = bench("bench_fleet.py", "--queries", str(queries), "--pairs", str(pairs), "--scales", scales,
+                   timeout=3600)
     if r is None:
-        return [skipped("fleet place p99, 1,000 hosts x 8 GPUs", "<= 50 ms", why)]
+        return [skipped("fleet place p99, 10,000 hosts x 8 GPUs", "<= 50 ms", why)]
     last, t = r["scales"][-1], r["targets"]
     n = f"{last['hosts']:,} hosts"
     rows = [at_most(f"`fleet place` p99, {n} x 8 GPUs (one PostgreSQL, {r['churn_per_s']:g} changes/s meanwhile)",
                     last["place_ms"]["p99"], t["place_p99_ms"], "ms", ".1f", f" (p50 {last['place_ms']['p50']:.1f})"),
             at_most(f"`fleet capacity --type` p99, {n}", last["capacity_ms"]["p99"], t["capacity_p99_ms"], "ms",
                     ".1f", f" (p50 {last['capacity_ms']['p50']:.1f})"),
-            at_most("publishing per change on the host's path (mean, in the change's transaction)",
-                    last["publish_mean_ms"], t["publish_ms_per_change"], "ms", ".2f",
-                    f" (p99 {last['publish_ms']['p99']:.2f}; pair {last['pair_ms_on']:.1f} ms on, "
-                    f"{last['pair_ms_off']:.1f} ms off)")]
+            at_most("publishing per change on the host's path (p99, in the change's transaction)",
+                    last["publish_ms"]["p99"], t["publish_p99_ms"], "ms", ".2f",
+                    f" (mean {last['publish_mean_ms']:.2f}; pair {last['pair_ms_on']:.1f} ms on, "
+                    f"{last['pair_ms_off']:.1f} ms off)"),
+            at_most(f"the fleet page's first screen (`/ui/fleet`, paged, filtered or not) p99, {n}",
+                    last["page_ms"]["p99"], t["page_p99_ms"], "ms", ".0f", f" (p50 {last['page_ms']['p50']:.0f})")]
     for s in r["scales"]:
         rows.append(Row(f"  at {s['hosts']:,} hosts ({s['capacity_rows']:,} type rows): place / REST place / "
                         "migrating place / capacity p99, publish mean",
@@ -247,15 +251,13 @@ def mixed_rows(seeds: int) -> list[Row]:
     r, why = bench("bench_mixed.py", "--seeds", str(seeds), timeout=900)
     what = "mixed-size packing: VMs before the first refusal, (c) vgpumgr vs (b) driver first-free"
     if r is None:
-        return [skipped(what, ">= +10 % on mixed traces", why)]
+        return [skipped(what, ">= (b) summed", why)]
     rows = []
     for key, v in sorted(r.items()):
-        target = 1.0 if key.endswith("one") else 1.10
+        target = 1.0  # issue 41: (c) >= (b) summed; within 5 % of (d) per trace is bench_mixed's own line
         ratio = v["c"] / max(v["b"], 1)
         optimum = str(v["d_lo"]) if v["d_lo"] == v["d_hi"] else f"{v['d_lo']}-{v['d_hi']}"
-        # below target but the optimum itself proved below it on every trace: out of reach, not met
-        verdict = ("met" if ratio >= target else
-                   "impossible" if v.get("impossible") == v["traces"] else "MISSED")
+        verdict = "met" if ratio >= target else "MISSED"
         rows.append(Row(f"{what}, 8 x {key.replace('-', ' GB ', 1)}", f"{v['c']} vs {v['b']} (optimum {optimum})",
                         f">= {target:.2f} x (b)", f"{ratio / target:.2f}", verdict))
     return rows
@@ -303,7 +305,8 @@ def main() -> int:
     if "guest" in only:
         rows += guest_rows(50 if a.quick else 200)
     if "fleet" in only:
-        rows += fleet_rows(100 if a.quick else 200, 40 if a.quick else 100)
+        rows += fleet_rows(100 if a.quick else 200, 40 if a.quick else 100,
+                           "300,1000" if a.quick else "1000,3000,10000")
     if "mixed" in only:
         rows += mixed_rows(1 if a.quick else 2)
     if a.json:

@@ -12,9 +12,10 @@ depth-first search's), hi the first arrival at which the VMs present need more G
 be packed on them even placed afresh; an exhaustive search that finds no placement of lo + 1 proves lo.
 
 Columns: VMs accepted before the first refusal, and the share of all arrivals accepted when refused VMs are
-dropped and the trace goes on. Targets (issue 31): (c) >= (b) on every trace, >= 10 % more than (b) on the
-mixed traces, within 5 % of (d). A target counts as met only where proved against hi; "impossible" where
-even hi is below 1.1 x (b); "unproved" where (c) is within 5 % of lo but not of hi.
+dropped and the trace goes on. Targets (issue 41; the room left on one GPU is made by moving VMs across hosts,
+scripts/bench_fleet_density.py): (c) >= (b) summed over the traces, and (c) within 5 % of (d) on every trace.
+Within 5 % counts as met only where proved against hi; "unproved" where (c) is within 5 % of lo but not of hi.
+The gain over (b) is still printed.
 
     python3 scripts/bench_mixed.py [--seeds 2] [--events 240] [--budget 20000]
 """
@@ -368,6 +369,7 @@ def main() -> int:
     t0 = time.monotonic()
     ok = True
     totals: dict[str, list[int]] = {}
+    summed_b = summed_c = 0
     print(f"{'trace':34} {'row':22} {'before 1st refusal':>18} {'accepted':>9}")
     for region in (48, 80):
         for mix_name, mix in MIXES.items():
@@ -384,23 +386,23 @@ def main() -> int:
                 b, c = rows["(b) driver first-free"][0], rows["(c) vgpumgr policy"][0]
                 # met only where proved: within 5 % of the bound's upper end; +10 % out of reach when even the
                 # upper end is below 1.1 x (b)
-                verdicts = {"c>=b": "met" if c >= b else "MISSED",
-                            "c>=0.95d": "met" if c >= 0.95 * hi else "unproved" if c >= 0.95 * lo else "MISSED"}
-                if mix != "one":
-                    verdicts["c>=1.1b"] = ("met" if c >= 1.10 * b else
-                                           "impossible" if hi < 1.10 * b else "MISSED")
+                verdicts = {"c>=0.95d": "met" if c >= 0.95 * hi else "unproved" if c >= 0.95 * lo else "MISSED"}
                 ok &= all(v == "met" for v in verdicts.values())
+                summed_b, summed_c = summed_b + b, summed_c + c
                 gain = (c / max(b, 1) - 1) * 100
                 print(f"{name:34} {'targets':22} (c)/(b) {gain:+.1f} %, (c)/(d) >= {c / max(hi, 1):.1%}: "
                       + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
                 sums = totals.setdefault(f"{region}-{mix}", [0, 0, 0, 0, 0, 0])
                 for i, v in enumerate((b, c, lo, hi, int(all(v == "met" for v in verdicts.values())),
-                                       int(verdicts.get("c>=1.1b") == "impossible"))):
+                                       int(hi < 1.10 * b))):
                     sums[i] += v
     for key, (b, c, lo, hi, met, impossible) in totals.items():
         print(f"{GPUS}x{key.replace('-', 'GB ', 1)} traces: (b) {b}, (c) {c} ({(c / max(b, 1) - 1) * 100:+.1f} %), "
-              f"(d) {lo if lo == hi else f'{lo}-{hi}'}; every target met on {met} of {args.seeds}"
-              + (f"; +10 % physically impossible on {impossible}" if impossible else ""))
+              f"(d) {lo if lo == hi else f'{lo}-{hi}'}; within 5 % of (d) proved on {met} of {args.seeds}"
+              + (f"; +10 % over (b) physically impossible on {impossible}" if impossible else ""))
+    ok &= summed_c >= summed_b
+    verdict = "met" if summed_c >= summed_b else "MISSED"
+    print(f"(c) >= (b) summed over every trace: {summed_c} against {summed_b}: {verdict}")
     print(f"bench_mixed: {'all targets met' if ok else 'a target missed'} in {time.monotonic() - t0:.1f} s "
           "((d) 'lo-hi': the optimum lies between, not proved exactly within the search budget)")
     if args.json:

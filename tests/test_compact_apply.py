@@ -87,8 +87,10 @@ def test_fleet_place_hints_and_apply_moves_the_vm_to_host_b(hosts: tuple[SimHost
     rc, out, _ = _cli(a, monkeypatch, "fleet", "place", "--type", "L40S-24Q", "--json")
     d = json.loads(out)
     assert rc == 4 and d["choice"] is None
-    assert d["compact"] == {"host": "host-a", "gpu": L40S, "type": "L40S-24Q", "moves": 1, "start": 0,
-                            "vms": ["vm7"], "free_gb": 42}
+    assert {k: d["compact"][k] for k in ("host", "gpu", "type", "moves", "start", "vms", "free_gb")} == {
+        "host": "host-a", "gpu": L40S, "type": "L40S-24Q", "moves": 1, "start": 0, "vms": ["vm7"], "free_gb": 42}
+    # the fleet's plan for it (`fleet compact`): the same GPU, vm7 to host-b
+    assert [(m["vm"], m["to"]) for m in d["compact"]["plan"]] == [("vm7", "host-b")]
     rc, out, _ = _cli(a, monkeypatch, "fleet", "place", "--type", "L40S-24Q", "--explain")
     assert rc == 4 and out.endswith(
         f"hint: {L40S} on host-a is fragmented: `vgpumgr gpu compact {L40S} --for L40S-24Q` (on host-a) frees a "

@@ -59,8 +59,10 @@ def test_fleet_text_golden(fleet: list[str]) -> None:
 def test_fleet_json_shapes(fleet: list[str]) -> None:
     rc, out, _ = run(*fleet, "fleet", "place", "--type", "L40S-4Q", "--json")
     d = json.loads(out)
-    assert rc == 0 and set(d) == {"choice", "ranked", "rejected", "considered", "request", "migrating", "compact"}
+    assert rc == 0 and set(d) == {"choice", "ranked", "rejected", "considered", "request", "migrating", "compact",
+                                  "every_host", "rejected_counts"}
     assert d["compact"] is None  # a host fits: no compaction to hint at
+    assert d["every_host"] and d["rejected_counts"] == {"not-offered": 1, "cordoned": 1, "stale": 1}
     assert set(d["choice"]) == {"host", "endpoint", "migration_uri", "gpus", "free", "free_gpus", "why"}
     assert {r["host"]: r["code"] for r in d["rejected"]} == {"gpu-a": "not-offered", "gpu-b": "cordoned",
                                                              "gpu-c": "stale"}

@@ -130,6 +130,17 @@ _ERRNO_ADVICE: dict[int, tuple[type[VgpuError], str]] = {
 }
 
 
+def error_class(kind: str) -> type[VgpuError]:
+    """The error class of that kind (an error recorded as a dict raised again as what it was)."""
+    todo: list[type[VgpuError]] = [VgpuError]
+    while todo:
+        c = todo.pop()
+        if c.kind == kind:
+            return c
+        todo += c.__subclasses__()
+    return VgpuError
+
+
 def from_oserror(exc: OSError, action: str, hint: str | None = None) -> VgpuError:
     """Turn a failed sysfs write into an error a person can act on."""
     cls, advice = _ERRNO_ADVICE.get(exc.errno or 0, (KernelError, "check `dmesg` for the driver's message"))

@@ -12,6 +12,7 @@ from vgpumgr.ops import allocate as alloc_ops
 from vgpumgr.ops import cordon as cordon_ops
 from vgpumgr.ops import drain as drain_ops
 from vgpumgr.ops import fleet as fleet_ops
+from vgpumgr.ops import fleet_compact as fleet_compact_ops
 from vgpumgr.ops import hooks as hook_ops
 from vgpumgr.ops import idempotency as idem_ops
 from vgpumgr.ops import incoming as incoming_ops
@@ -97,6 +98,8 @@ class Service(Context):
     fleet_hosts = fleet_ops.hosts
     fleet_gpus = fleet_ops.gpus
     fleet_capacity = fleet_ops.capacity
-    fleet_place = fleet_ops.place
+    fleet_place = fleet_compact_ops.place  # fleet_ops.place, and the plan that makes room when nothing fits
     fleet_grid = fleet_ops.grid
+    fleet_compact_plan = fleet_compact_ops.plan
+    fleet_compact_apply = fleet_compact_ops.apply
 

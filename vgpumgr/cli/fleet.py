@@ -1,4 +1,4 @@
-"""`vgpumgr host cordon|uncordon|drain|show` and `vgpumgr fleet hosts|gpus|capacity|place|publish`."""
+"""`vgpumgr host cordon|uncordon|drain|show` and `vgpumgr fleet hosts|gpus|capacity|place|compact|publish`."""
 
 from __future__ import annotations
 
@@ -61,7 +61,18 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
                    help="pack: the host with the fewest free instances first; spread: the most")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODEL")
     p.add_argument("--deny-model", action="append", default=[], metavar="MODEL")
-    p.add_argument("--explain", action="store_true", help="every host, ranked or with the reason it was not chosen")
+    p.add_argument("--explain", action="store_true",
+                   help="every host, ranked or with the reason it was not chosen (a fleet of over 200 hosts "
+                        "otherwise gets its best 5 and the others counted by reason)")
+    p.add_argument("--json", action="store_true")
+    p = cmd(fleet, ("fleet", "compact"), "vgpumgr.cli.fleet:compact",
+            "the fewest live migrations across the fleet that free a placement of TYPE on some host (plan; "
+            "--apply runs it on the host whose GPU is freed, one VM at a time through `vm migrate`)")
+    p.add_argument("--for", dest="type", required=True, metavar="TYPE")
+    p.add_argument("--apply", action="store_true", help="migrate the planned VMs, stopping at the first failure")
+    p.add_argument("--max-moves", type=int, default=8, metavar="N", help="plans of at most N migrations (8)")
+    p.add_argument("--per-host", type=int, default=2, metavar="N",
+                   help="at most N of the plan's migrations into any one host (2)")
     p.add_argument("--json", action="store_true")
     p = cmd(fleet, ("fleet", "publish"), "vgpumgr.cli.fleet:publish",
             "publish this host now, all of it (what `vgpumgr serve` does at start and on every heartbeat)")
@@ -181,7 +192,7 @@ def place(args: argparse.Namespace, out: TextIO) -> int:
 
     req = FleetRequest(args.type, vm=args.vm, count=args.count, strategy=args.policy,
                        allow_models=tuple(args.allow_model), deny_models=tuple(args.deny_model))
-    d = service(args).fleet_place(req)
+    d = service(args).fleet_place(req, every_host=args.explain)
     if args.json:
         dump_json(out, d.as_dict())
     elif args.explain:
@@ -220,6 +231,23 @@ def _compact_hint(d: Any) -> str:
     from vgpumgr.fleet.fragmented import hint
 
     return hint(d.compact)
+
+
+def compact(args: argparse.Namespace, out: TextIO) -> int:
+    from vgpumgr.ops import fleet_compact
+
+    svc = service(args)
+    plan = fleet_compact.plan(svc, args.type, max_moves=args.max_moves, per_host=args.per_host)
+    if args.apply:
+        plan = fleet_compact.apply(svc, plan)
+    if args.json:
+        dump_json(out, plan)
+    else:
+        out.write(fleet_compact.text(plan))
+    err = fleet_compact.failure(plan)
+    if err is not None:
+        raise err  # after the output: what was moved is shown, the error says what stopped it
+    return 0
 
 
 def publish(args: argparse.Namespace, out: TextIO) -> int:

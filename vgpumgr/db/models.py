@@ -434,6 +434,9 @@ class FleetHost(Base):
     generation: Mapped[int] = mapped_column(BigInteger)  # +1 per publish
     gpus: Mapped[int] = mapped_column(Integer)
     vgpus: Mapped[int] = mapped_column(Integer)
+    # the generation its fleet_host_types rows are true for: a host that runs an older vgpumgr moves
+    # `generation` alone, and placement then reads that host's own rows instead of its summary
+    types_generation: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class FleetGpu(Base):
@@ -494,3 +497,36 @@ class GuestTelemetry(Base):
     pool_id: Mapped[int | None] = mapped_column(ForeignKey("licence_pools.id", ondelete="CASCADE"))
     enabled: Mapped[bool] = mapped_column(Boolean)
     changed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class FleetHostType(Base):
+    """One host's capacity for one vGPU type (short name), summed over its GPUs: written in the transaction of
+    the publish that moves fleet_capacity (vgpumgr.fleet.writes), so a placer finds the best hosts through an
+    index instead of grouping every host's rows (vgpumgr.fleet.ranked)."""
+
+    __tablename__ = "fleet_host_types"
+    __table_args__ = (
+        # the hosts with a free instance in `pack` and in `spread` order; only rows with room are indexed
+        Index("ix_fleet_host_types_pack", "short", "free", "host", postgresql_where=text("free > 0"),
+              sqlite_where=text("free > 0")),
+        Index("ix_fleet_host_types_spread", "short", text("(-free)"), "host", postgresql_where=text("free > 0"),
+              sqlite_where=text("free > 0")),
+        # the rare host with two boards offering one short name: read from its own rows
+        Index("ix_fleet_host_types_boards", "short", postgresql_where=text("boards > 1"),
+              sqlite_where=text("boards > 1")),
+        {"postgresql_with": {"fillfactor": 70}},
+    )
+
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    short: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255).with_variant(String(255, collation="C"), "postgresql"))
+    name: Mapped[str] = mapped_column(String(255))
+    model: Mapped[str] = mapped_column(String(255))  # of its first board (the only one, where boards == 1)
+    device_id: Mapped[str] = mapped_column(String(8))
+    framebuffer_mb: Mapped[int | None] = mapped_column(Integer)
+    boards: Mapped[int] = mapped_column(Integer)  # distinct (model, device id) offering it
+    gpus: Mapped[int] = mapped_column(Integer)
+    open_gpus: Mapped[int] = mapped_column(Integer)  # of them with a free instance
+    free: Mapped[int] = mapped_column(Integer)
+    used: Mapped[int] = mapped_column(Integer)
+    max: Mapped[int] = mapped_column(Integer)  # the GPUs' maxima summed (0 where unknown)

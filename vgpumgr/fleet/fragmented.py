@@ -116,5 +116,13 @@ def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, st
 
 def hint(c: Mapping[str, Any]) -> str:
     n = c["moves"]
-    return (f"{c['gpu']} on {c['host']} is fragmented: `vgpumgr gpu compact {c['gpu']} --for {c['type']}` "
-            f"(on {c['host']}) frees a start by moving {n} VM{'s' if n != 1 else ''}")
+    vms = f"{n} VM{'s' if n != 1 else ''}"
+    if c.get("how") in (None, "placement") and c.get("start") is not None:
+        text = (f"{c['gpu']} on {c['host']} is fragmented: `vgpumgr gpu compact {c['gpu']} --for {c['type']}` "
+                f"(on {c['host']}) frees a start by moving {vms}")
+    else:
+        text = f"{c['gpu']} on {c['host']} is taken by {vms} of other sizes"
+    if c.get("plan") and c.get("how") != "placement":
+        moves = ", ".join(f"{m['vm']} to {m['to']}" for m in c["plan"])
+        text += f": `vgpumgr fleet compact --for {c['type']} --apply` (on {c['host']}) moves {moves}"
+    return text

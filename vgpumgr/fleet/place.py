@@ -88,15 +88,31 @@ class FleetDecision:
     migrating: Migrating | None = None
     boards: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)  # host -> usable (model, board)
     compact: dict[str, Any] | None = None  # no host fits: a fragmented GPU `gpu compact` frees a start on
+    # False in a large fleet: `ranked` holds the first hosts, `rejected` those read and refused on the way, and
+    # `rejected_counts` counts every host by its reason (vgpumgr.fleet.ranked)
+    every_host: bool = True
+    counted: dict[str, int] | None = None
+
+    @property
+    def rejected_counts(self) -> dict[str, int]:
+        if self.counted is not None:
+            return self.counted
+        out: dict[str, int] = {}
+        for r in self.rejected:
+            out[r.code] = out.get(r.code, 0) + 1
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         return {"choice": _json(self.choice) if self.choice else None,
                 "ranked": [_json(c) for c in self.ranked], "rejected": [r._asdict() for r in self.rejected],
                 "considered": self.considered, "request": asdict(self.request),
                 "migrating": ({"vm": self.migrating.vm, "from": self.migrating.host} if self.migrating else None),
-                "compact": self.compact}
+                "compact": self.compact, "every_host": self.every_host, "rejected_counts": self.rejected_counts}
 
     def summary(self) -> str:
+        if not self.every_host:
+            counts = ", ".join(f"{n} {code}" for code, n in sorted(self.rejected_counts.items()) if n)
+            return f"of {self.considered} hosts: {counts or 'none refused'}"
         return "; ".join(f"{r.host}: {r.reason}" for r in self.rejected) or "no host has published anything"
 
 

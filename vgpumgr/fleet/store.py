@@ -51,15 +51,22 @@ _EPOCH_AGE = {
               "(julianday('now') - julianday(h.heartbeat_at)) * 86400.0"}
 
 
-def hosts(s: Session) -> list[HostRow]:
-    """Every host that has published, with its cordon and its heartbeat's age (one query)."""
+def hosts(s: Session, host_ids: Sequence[int] | None = None) -> list[HostRow]:
+    """Every host that has published (or those of `host_ids`), with its cordon and its heartbeat's age (one
+    query)."""
     dialect = s.get_bind().dialect.name
+    where = "" if host_ids is None else "WHERE h.host_id IN :ids "
     sql = text("SELECT h.host_id, n.name, h.endpoint, h.migration_uri, h.driver_version, h.version, h.heartbeat_s, "
                f"h.stale_after_s, {_EPOCH_AGE[dialect]}, h.generation, h.gpus, h.vgpus, "
                "c.host_id IS NOT NULL, c.reason, c.cordoned_by FROM fleet_hosts h JOIN hosts n ON n.id = h.host_id "
-               "LEFT JOIN host_cordons c ON c.host_id = h.host_id ORDER BY n.name")
+               f"LEFT JOIN host_cordons c ON c.host_id = h.host_id {where}ORDER BY n.name")
+    if host_ids is not None:
+        if not host_ids:
+            return []
+        sql = sql.bindparams(bindparam("ids", expanding=True))
+    params = {} if host_ids is None else {"ids": list(host_ids)}
     return [HostRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], max(0.0, r[9]), r[10], r[11], r[12],
-                    bool(r[13]), r[14], r[15]) for r in s.execute(sql).all()]
+                    bool(r[13]), r[14], r[15]) for r in s.execute(sql, params).all()]
 
 
 def type_match(wanted: str) -> str:
@@ -84,10 +91,18 @@ class OfferGroup(NamedTuple):
     used: int
 
 
-def offer_groups(s: Session, wanted: str) -> list[OfferGroup]:
+def offer_groups(s: Session, wanted: str, host_ids: Sequence[int] | None = None) -> list[OfferGroup]:
+    where = "" if host_ids is None else " AND host_id IN :ids"
     sql = text("SELECT host_id, model, device_id, min(name), count(*), sum(CASE WHEN free > 0 THEN 1 ELSE 0 END), "
-               "sum(free), sum(used) FROM fleet_capacity WHERE short = :short GROUP BY host_id, model, device_id")
-    return [OfferGroup(*r) for r in s.execute(sql, {"short": type_match(wanted)}).all()]
+               f"sum(free), sum(used) FROM fleet_capacity WHERE short = :short{where} "
+               "GROUP BY host_id, model, device_id")
+    params: dict[str, Any] = {"short": type_match(wanted)}
+    if host_ids is not None:
+        if not host_ids:
+            return []
+        sql = sql.bindparams(bindparam("ids", expanding=True))
+        params["ids"] = list(host_ids)
+    return [OfferGroup(*r) for r in s.execute(sql, params).all()]
 
 
 class GpuOffer(NamedTuple):
@@ -108,10 +123,22 @@ def open_gpus(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuOffer
     return [GpuOffer(*r) for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]
 
 
+# Per host and type: the summary a host keeps (fleet_host_types) where it is true for the host's generation, else
+# the host's own rows summed (a host still running the previous release; see vgpumgr.fleet.ranked)
+_HOST_TYPES = (
+    "SELECT t.host_id, t.short, t.name, t.framebuffer_mb, t.gpus, t.open_gpus, t.free, t.used, t.max "
+    "FROM fleet_host_types t JOIN fleet_hosts h ON h.host_id = t.host_id "
+    "WHERE h.types_generation = h.generation{t} UNION ALL "
+    "SELECT c.host_id, c.short, min(c.name), min(c.framebuffer_mb), count(*), "
+    "sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), sum(c.free), sum(c.used), sum(coalesce(c.max, 0)) "
+    "FROM fleet_capacity c JOIN fleet_hosts h ON h.host_id = c.host_id "
+    "WHERE (h.types_generation IS NULL OR h.types_generation <> h.generation){c} GROUP BY c.host_id, c.short")
+
+
 def capacity_by_host(s: Session, wanted: str) -> list[tuple[int, str, int, int, int, int, int]]:
     """(host id, the type's name, GPUs offering it, of them with a free instance, free, used, max) per host."""
-    sql = text("SELECT host_id, min(name), count(*), sum(CASE WHEN free > 0 THEN 1 ELSE 0 END), sum(free), "
-               "sum(used), sum(coalesce(max, 0)) FROM fleet_capacity WHERE short = :short GROUP BY host_id")
+    sql = text("SELECT host_id, name, gpus, open_gpus, free, used, max FROM ("
+               + _HOST_TYPES.format(t=" AND t.short = :short", c=" AND c.short = :short") + ") AS x")
     return [tuple(r) for r in s.execute(sql, {"short": type_match(wanted)})]  # type: ignore[misc]
 
 
@@ -152,12 +179,10 @@ def gpus(s: Session, host_ids: Iterable[int] | None = None) -> list[tuple[FleetG
 
 def capacity_by_type(s: Session) -> list[dict[str, Any]]:
     """Per type short name across the fleet: hosts and GPUs that offer it, and free and used instances."""
-    c = FleetCapacity
-    q = (select(c.short, func.min(c.name), func.count(func.distinct(c.host_id)), func.count(),
-                func.sum(c.free), func.sum(c.used), func.min(c.framebuffer_mb))
-         .group_by(c.short).order_by(func.min(c.framebuffer_mb), c.short))
+    sql = text("SELECT short, min(name), count(*), sum(gpus), sum(free), sum(used), min(framebuffer_mb) FROM ("
+               + _HOST_TYPES.format(t="", c="") + ") AS x GROUP BY short ORDER BY min(framebuffer_mb), short")
     return [{"type": r[0], "name": r[1], "hosts": int(r[2]), "gpus": int(r[3]), "free": int(r[4] or 0),
-             "used": int(r[5] or 0), "framebuffer_mb": r[6]} for r in s.execute(q)]
+             "used": int(r[5] or 0), "framebuffer_mb": r[6]} for r in s.execute(sql)]
 
 
 class SlotRow(NamedTuple):

@@ -85,41 +85,84 @@ def _sqlite_capacity_sql() -> str:
 
 
 def _host_sql(pg: bool) -> str:
-    cols = ("host_id", *_HOST_COLS, "heartbeat_at", "generation")
+    cols = ("host_id", *_HOST_COLS, "heartbeat_at", "generation", "types_generation")
     if pg:
-        values = ", ".join(f"%({c})s" for c in cols[:-2]) + ", now(), 1"
+        values = ", ".join(f"%({c})s" for c in cols[:-3]) + ", now(), 1, 1"
         target = "h"
     else:
-        values = ", ".join("?" * (len(cols) - 1)) + ", 1"
+        values = ", ".join("?" * (len(cols) - 2)) + ", 1, 1"
         target = "fleet_hosts"
     sets = ", ".join(f"{c} = excluded.{c}" for c in (*_HOST_COLS, "heartbeat_at"))
     return (f"INSERT INTO fleet_hosts{' AS h' if pg else ''} ({', '.join(cols)}) VALUES ({values}) ON CONFLICT "
-            f"(host_id) DO UPDATE SET {sets}, generation = {target}.generation + 1")
+            f"(host_id) DO UPDATE SET {sets}, generation = {target}.generation + 1, {_KEEP_TYPES.format(t=target)}")
+
+
+# fleet_host_types rows stay true for the host's generation only while every publish keeps them: one that wrote
+# them (refresh_types) or moved them with the counts (_PG_CHANGE) carries the mark on; the previous release's
+# publish moves `generation` alone, and the host's summary is then not trusted until its next full publish
+_KEEP_TYPES = ("types_generation = CASE WHEN {t}.types_generation = {t}.generation THEN {t}.generation + 1 "
+               "END")
+
+# A host's summary per type from its own rows (fleet.store.HostType): after the rows themselves were written
+_SUMMARY_SELECT = (
+    "SELECT c.short, min(n.name), min(c.name), min(c.model), min(c.device_id), min(c.framebuffer_mb), "
+    "count(DISTINCT c.model || '/' || c.device_id), count(*), sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), "
+    "sum(c.free), sum(c.used), sum(coalesce(c.max, 0)) FROM fleet_capacity c JOIN hosts n ON n.id = c.host_id "
+    "WHERE c.host_id = {h} GROUP BY c.short")
+_TYPE_COLS = ("host", "name", "model", "device_id", "framebuffer_mb", "boards", "gpus", "open_gpus", "free", "used",
+              "max")
+
+
+def _types_sql(pg: bool) -> tuple[str, ...]:
+    h = "%(h)s" if pg else ":h"
+    table = "t" if pg else "fleet_host_types"
+    changed = " OR ".join(f"{table}.{c} IS {'DISTINCT FROM' if pg else 'NOT'} excluded.{c}" for c in _TYPE_COLS)
+    upsert = (f"INSERT INTO fleet_host_types{' AS t' if pg else ''} (host_id, short, {', '.join(_TYPE_COLS)}) "
+              f"SELECT {h}, s.* FROM ({_SUMMARY_SELECT.format(h=h)}) AS s {'' if pg else 'WHERE true '}"
+              f"ON CONFLICT (host_id, short) DO UPDATE SET "
+              + ", ".join(f"{c} = excluded.{c}" for c in _TYPE_COLS) + f" WHERE {changed}")
+    gone = (f"DELETE FROM fleet_host_types WHERE host_id = {h} AND short NOT IN "
+            f"(SELECT short FROM fleet_capacity WHERE host_id = {h})")
+    mark = f"UPDATE fleet_hosts SET types_generation = generation WHERE host_id = {h}"
+    if pg:
+        return (f"WITH gone AS ({gone} RETURNING 1), kept AS ({upsert} RETURNING 1) {mark}",)
+    return gone, upsert, mark
 
 
 # A change of a GPU this process already published moves only counts: the type rows' free, used and max, the
 # GPU's vGPUs and mode, the host's heartbeat. On PostgreSQL that is one statement (plain UPDATEs: a row whose
 # counts did not move is neither rewritten nor locked); a row missing there is healed by the next full publish.
 _PG_CHANGE = (
-    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], %(free)s::int[], "
-    "%(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
+    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], %(short)s::varchar[], "
+    "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, short, free, used, max)), "
     "c AS (UPDATE fleet_capacity c SET free = v.free, used = v.used, max = v.max FROM v WHERE c.host_id = %(h)s "
     "AND c.gpu = v.gpu AND c.type_id = v.type_id AND (c.free, c.used, c.max) IS DISTINCT FROM (v.free, v.used, v.max) "
     "RETURNING 1), "
+    # the host's sums of the types it touched: its rows as they were, with the touched ones as they are now (a
+    # statement's parts all read the rows as they were before it)
+    "s AS (SELECT c.short, count(*) AS gpus, sum(CASE WHEN coalesce(v.free, c.free) > 0 THEN 1 ELSE 0 END) AS "
+    "open_gpus, sum(coalesce(v.free, c.free)) AS free, sum(coalesce(v.used, c.used)) AS used, "
+    "sum(coalesce(CASE WHEN v.gpu IS NULL THEN c.max ELSE v.max END, 0)) AS max FROM fleet_capacity c LEFT JOIN v "
+    "ON v.gpu = c.gpu AND v.type_id = c.type_id WHERE c.host_id = %(h)s AND c.short = ANY(%(short)s::varchar[]) "
+    "GROUP BY c.short), "
+    "t AS (UPDATE fleet_host_types t SET gpus = s.gpus, open_gpus = s.open_gpus, free = s.free, used = s.used, "
+    "max = s.max FROM s WHERE t.host_id = %(h)s AND t.short = s.short AND (t.gpus, t.open_gpus, t.free, t.used, "
+    "t.max) IS DISTINCT FROM (s.gpus, s.open_gpus, s.free, s.used, s.max) RETURNING 1), "
     "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, published_at = now() FROM unnest(%(address)s::"
     "varchar[], %(vgpus)s::int[], %(mode)s::varchar[]) AS u(address, vgpus, mode) WHERE g.host_id = %(h)s AND "
     "g.address = u.address RETURNING 1) "
-    "UPDATE fleet_hosts SET heartbeat_at = now(), generation = generation + 1, gpus = %(gpus)s, "
-    "vgpus = %(total)s WHERE host_id = %(h)s")
+    "UPDATE fleet_hosts SET heartbeat_at = now(), generation = generation + 1, "
+    + _KEEP_TYPES.format(t="fleet_hosts") + ", gpus = %(gpus)s, vgpus = %(total)s WHERE host_id = %(h)s")
 _PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT 1"  # the same without the host row
 _SQLITE_CHANGE = (
     "UPDATE fleet_capacity SET free = ?, used = ?, max = ? WHERE host_id = ? AND gpu = ? AND type_id = ? AND "
     "(free IS NOT ? OR used IS NOT ? OR max IS NOT ?)",
     "UPDATE fleet_gpus SET vgpus = ?, mode = ?, published_at = ? WHERE host_id = ? AND address = ?",
-    "UPDATE fleet_hosts SET heartbeat_at = ?, generation = generation + 1, gpus = ?, vgpus = ? WHERE host_id = ?")
+    "UPDATE fleet_hosts SET heartbeat_at = ?, generation = generation + 1, " + _KEEP_TYPES.format(t="fleet_hosts")
+    + ", gpus = ?, vgpus = ? WHERE host_id = ?")
 
 _SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "host": _host_sql(True),
-                       "change": _PG_CHANGE, "counts": _PG_COUNTS},
+                       "change": _PG_CHANGE, "counts": _PG_COUNTS, "types": _types_sql(True)[0]},
         "sqlite": {"gpus": _sqlite_gpus_sql(), "capacity": _sqlite_capacity_sql(), "host": _host_sql(False),
                    "change-capacity": _SQLITE_CHANGE[0], "change-gpus": _SQLITE_CHANGE[1],
                    "change-host": _SQLITE_CHANGE[2]}}
@@ -151,12 +194,19 @@ def _sqlite_now() -> str:
     return utcnow().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")  # as SQLAlchemy stores a DateTime there
 
 
-def _run(s: Session, name: str, params: Any, many: bool = False) -> None:
+_SQLITE_TYPES = _types_sql(False)
+
+
+def _run_sql(s: Session, sql: str, params: Any) -> None:
+    _run(s, "", params, sql=sql)
+
+
+def _run(s: Session, name: str, params: Any, many: bool = False, sql: str | None = None) -> None:
     """One of the statements above on the session's own connection (its transaction), at the driver."""
     from vgpumgr.db import prepared
 
     conn = s.connection()
-    sql = _SQL[conn.dialect.name][name]
+    sql = sql or _SQL[conn.dialect.name][name]
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         if name in _PREPARED and conn.dialect.driver == "psycopg":
@@ -208,7 +258,8 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
     if _pg(s):
         _run(s, "change" if host else "counts", {
             "h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
-            "free": [t.free for _, t in types], "used": [t.used for _, t in types], "max": [t.max for _, t in types],
+            "short": [t.short for _, t in types], "free": [t.free for _, t in types],
+            "used": [t.used for _, t in types], "max": [t.max for _, t in types],
             "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
             "gpus": gpu_count, "total": vgpus})
         return
@@ -216,6 +267,7 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
     if types:
         _run(s, "change-capacity", [(t.free, t.used, t.max, host_id, a, t.type, t.free, t.used, t.max)
                                     for a, t in types], many=True)
+        refresh_types(s, host_id)
     if gpus:
         _run(s, "change-gpus", [(g.vgpus, g.mode, now, host_id, g.address) for g in gpus], many=True)
     if host:
@@ -257,10 +309,22 @@ def write_gpus(s: Session, host_id: int, gpus: Sequence[GpuCapacity], prune_type
         if keep:
             gone = gone.where(tuple_(FleetCapacity.gpu, FleetCapacity.type_id).not_in(keep))
         s.execute(gone)
+    refresh_types(s, host_id)
+
+
+def refresh_types(s: Session, host_id: int) -> None:
+    """The host's fleet_host_types rows summed afresh from its fleet_capacity rows (one statement on PostgreSQL),
+    marked true for its generation."""
+    if _pg(s):
+        _run(s, "types", {"h": host_id})
+        return
+    for sql in _SQLITE_TYPES:
+        _run_sql(s, sql, {"h": host_id})
 
 
 def prune_gpus(s: Session, host_id: int, keep: Iterable[str]) -> None:
     """GPUs the host no longer has (their type rows go with them)."""
     keep = list(keep)
     s.execute(delete(FleetCapacity).where(FleetCapacity.host_id == host_id, FleetCapacity.gpu.not_in(keep)))
-    s.execute(delete(FleetGpu).where(FleetGpu.host_id == host_id, FleetGpu.address.not_in(keep)))
+    if s.execute(delete(FleetGpu).where(FleetGpu.host_id == host_id, FleetGpu.address.not_in(keep))).rowcount:
+        refresh_types(s, host_id)

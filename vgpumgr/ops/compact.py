@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumgr.errors import Conflict, NotFound, VgpuError
+from vgpumgr.errors import Conflict, NotFound, VgpuError, error_class
 from vgpumgr.ops.context import Context
 from vgpumgr.ops.slot_map import slot_map
 from vgpumgr.placement.ids import fewest_moves
@@ -122,13 +122,7 @@ def failure(p: dict[str, Any]) -> VgpuError | None:
 
 def _error_class(kind: str) -> type[VgpuError]:
     """The error class of that kind: a migration refused as a Conflict stops the compaction as one (exit 4)."""
-    todo: list[type[VgpuError]] = [VgpuError]
-    while todo:
-        c = todo.pop()
-        if c.kind == kind:
-            return c
-        todo += c.__subclasses__()
-    return VgpuError
+    return error_class(kind)
 
 
 def text(p: dict[str, Any]) -> str:

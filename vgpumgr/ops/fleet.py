@@ -13,12 +13,15 @@ from vgpumgr import ids
 from vgpumgr.db.models import FleetGpu
 from vgpumgr.errors import Busy, InvalidInput, NotFound
 from vgpumgr.fleet import place as fleet_place
-from vgpumgr.fleet import store, writes
+from vgpumgr.fleet import ranked, store, writes
 from vgpumgr.nvidia import compat
 from vgpumgr.ops.context import Context
 
 HEARTBEAT_LOCK_WAIT_S = 5.0
-SHOW_GPUS_OF = 5  # ranked hosts whose GPUs a decision names
+SHOW_GPUS_OF = 5  # ranked hosts whose GPUs a decision names (all a large fleet's decision ranks)
+EVERY_HOST_UP_TO = 200  # a fleet this small gets a line per host in every decision
+FIRST_BATCH = 16  # hosts of a large fleet read at first; twice as many each further round
+FRAGMENTED_OF = 1000  # hosts without room a large fleet's fragmentation hint reads, by name
 NVIDIA = "10de"
 
 
@@ -112,78 +115,120 @@ def capacity(svc: Context, type_name: str | None = None) -> dict[str, Any]:
 def grid(svc: Context, type_name: str | None = None, state: str | None = None, page: int = 1,
          per_page: int = 50) -> dict[str, Any]:
     """The fleet page: hosts (filtered by state: ok, stale, cordoned) x their GPUs, each GPU with the types in use
-    (used and free slots) and the wanted type's slots; one page of hosts at a time."""
+    (used and free slots) and the wanted type's slots; one page of hosts at a time, chosen and counted in SQL."""
     if state not in (None, "ok", "stale", "cordoned"):
         raise InvalidInput(f"'{state}' is not a host state", hint="use ok, stale or cordoned")
+    wanted = store.type_match(type_name) if type_name else None
     with svc.reads() as s:
-        rows = store.hosts(s)
-        unplaceable = {h.host_id for h in rows if h.stale or h.cordoned}
-        counts = {"hosts": len(rows), "ok": sum(1 for h in rows if not (h.stale or h.cordoned)),
-                  "stale": sum(1 for h in rows if h.stale), "cordoned": sum(1 for h in rows if h.cordoned and
-                                                                         not h.stale),
-                  "gpus": sum(h.gpus for h in rows), "vgpus": sum(h.vgpus for h in rows)}
-        if type_name:
-            offering = {g.host_id for g in store.offer_groups(s, type_name)}
-            rows = [h for h in rows if h.host_id in offering]
-        if state:
-            rows = [h for h in rows if _state(h) == state]
-        pages = max(1, -(-len(rows) // per_page))
+        counts = ranked.page_counts(s)
+        _ids, matching = ranked.page_hosts(s, wanted, state, 0, 0)
+        pages = max(1, -(-matching // per_page))
         page = min(max(1, page), pages)
-        shown = rows[(page - 1) * per_page:page * per_page]
-        ids_ = [h.host_id for h in shown]
+        ids_, _n = ranked.page_hosts(s, wanted, state, (page - 1) * per_page, per_page)
+        shown = store.hosts(s, ids_)
         gpus_of: dict[int, list[dict[str, Any]]] = {}
         for g, types, open_types, _free in store.gpus(s, ids_):
             gpus_of.setdefault(g.host_id, []).append({
                 "address": g.address, "model": g.model, "mode": g.mode, "numa_node": g.numa_node, "vgpus": g.vgpus,
                 "types": types, "types_free": open_types, "slots": []})
         by_gpu = {(h, g["address"]): g for h, gs in gpus_of.items() for g in gs}
-        wanted = store.type_match(type_name) if type_name else None
         for r in store.slot_rows(s, ids_, type_name):
             g = by_gpu.get((r.host_id, r.gpu))
             if g is not None:
                 g["slots"].append({"type": r.short, "used": r.used, "free": r.free, "max": r.max,
                                    "wanted": r.short == wanted})
-        placeable = None
-        if type_name:
-            placeable = sum(r[4] for r in store.capacity_by_host(s, type_name) if r[0] not in unplaceable)
+        placeable = ranked.placeable_free(s, wanted) if wanted else None
     hosts_out = [{**_host_dict(h), "state": _state(h), "gpu_list": gpus_of.get(h.host_id, [])} for h in shown]
     return {"hosts": hosts_out, "counts": counts, "page": page, "pages": pages, "type": wanted,
-            "state": state, "placeable_free": placeable, "matching": len(rows)}
+            "state": state, "placeable_free": placeable, "matching": matching}
 
 
 def _state(h: store.HostRow) -> str:
     return "stale" if h.stale else "cordoned" if h.cordoned else "ok"
 
 
-def place(svc: Context, request: fleet_place.FleetRequest) -> fleet_place.FleetDecision:
-    """Which host should take `request`, and why every other host should not. Changes nothing."""
+def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool = False, hint: bool = True
+          ) -> fleet_place.FleetDecision:
+    """Which host should take `request`, and why every other host should not (`every_host`, or a fleet of at
+    most EVERY_HOST_UP_TO hosts: a line per host; a larger one: its best hosts, and the others counted by
+    reason, vgpumgr.fleet.ranked). When none can take one vGPU, `compact` names a fragmented mixed-size GPU
+    (`hint`; vgpumgr.ops.fleet_compact.place adds the fleet's plan). Changes nothing."""
     with svc.reads() as s:
-        rows = store.hosts(s)
-        if not rows:
+        total = ranked.host_count(s)
+        if not total:
             raise NotFound("no host has published its capacity yet",
                            hint="hosts publish while `vgpumgr serve` runs there with VGPUMGR_DB naming this database")
-        migrating = _migrating(s, request, rows) if request.vm else None
-        d = fleet_place.place(rows, store.offer_groups(s, request.type), request, migrating)
+        if every_host or total <= EVERY_HOST_UP_TO:
+            rows = store.hosts(s)
+            migrating = _migrating(s, request) if request.vm else None
+            d = fleet_place.place(rows, store.offer_groups(s, request.type), request, migrating)
+            full = [(h.host_id, h.name) for h in rows if h.name in
+                    {r.host for r in d.rejected if r.code == fleet_place.NO_CAPACITY}]
+        else:
+            d, rows = _place_ranked(s, request, total)
+            full = None
         first = {h.name: h.host_id for h in rows if any(c.host == h.name for c in d.ranked[:SHOW_GPUS_OF])}
         gpus = store.open_gpus(s, request.type, list(first.values()))
-        if d.choice is None and request.count == 1:
-            d = replace(d, compact=_fragmented(s, request, d, rows))
+        single = None
+        if d.choice is None and request.count == 1 and hint:
+            if full is None:
+                short = store.type_match(request.type)
+                full = [(h.host_id, h.name) for h in store.hosts(s, ranked.no_capacity_hosts(s, short, FRAGMENTED_OF))]
+            single = _fragmented(s, request, dict(full))
+    if single is not None:
+        d = replace(d, compact=single)
     return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
 
 
-def _fragmented(s: Any, request: fleet_place.FleetRequest, d: fleet_place.FleetDecision,
-                rows: list[store.HostRow]) -> dict[str, Any] | None:
+def _place_ranked(s: Any, request: fleet_place.FleetRequest, total: int
+                  ) -> tuple[fleet_place.FleetDecision, list[store.HostRow]]:
+    """A large fleet: the hosts walked in the placer's order until SHOW_GPUS_OF of them fit (and the irregular
+    ones), ranked by the pure placer exactly as over every host; the rest counted."""
+    from vgpumgr.ids import parse_type_name
+
+    short = store.type_match(request.type)
+    nvidia = parse_type_name(request.type) is not None
+    migrating = _migrating(s, request) if request.vm else None
+    board = driver = None
+    if migrating and migrating.vgpus:
+        v = migrating.vgpus[0]
+        board, driver = v.device_id, v.host_driver
+    rows = store.hosts(s, ranked.irregular(s, short))
+    groups = store.offer_groups(s, request.type, [h.host_id for h in rows])
+    offset, limit, fits = 0, FIRST_BATCH, 0
+    while fits < SHOW_GPUS_OF:
+        ids_ = ranked.candidates(s, short, request.count, nvidia, request.strategy, offset, limit, board, driver)
+        batch = store.hosts(s, [i for i in ids_ if all(h.host_id != i for h in rows)])
+        mine = store.offer_groups(s, request.type, [h.host_id for h in batch])
+        fits += len(fleet_place.place(batch, mine, request, migrating).ranked)
+        rows += batch
+        groups += mine
+        if len(ids_) < limit:
+            break
+        offset, limit = offset + limit, limit * 2
+    d = fleet_place.place(rows, groups, request, migrating)
+    c = ranked.counts(s, short, request.count, nvidia)
+    counted = {fleet_place.STALE: c.stale, fleet_place.CORDONED: c.cordoned,
+               fleet_place.NOT_OFFERED: c.not_offered, fleet_place.NO_CAPACITY: c.no_capacity}
+    for r in d.rejected:  # model-denied, incompatible, source: of the hosts read (those with room)
+        if r.code not in (fleet_place.STALE, fleet_place.CORDONED, fleet_place.NOT_OFFERED, fleet_place.NO_CAPACITY):
+            counted[r.code] = counted.get(r.code, 0) + 1
+    counted = {k: n for k, n in counted.items() if n}
+    d = replace(d, ranked=d.ranked[:SHOW_GPUS_OF], considered=total, every_host=False, counted=counted,
+                rejected=[r for r in d.rejected if r.code not in (fleet_place.STALE, fleet_place.CORDONED)])
+    return d, rows
+
+
+def _fragmented(s: Any, request: fleet_place.FleetRequest, names: dict[int, str]) -> dict[str, Any] | None:
     """No host fits: of the hosts without capacity, the GPU whose `gpu compact` frees a start with fewest moves."""
     from vgpumgr.fleet import fragmented
 
-    full = {r.host for r in d.rejected if r.code == fleet_place.NO_CAPACITY}
-    names = {h.host_id: h.name for h in rows if h.name in full}
     loads = [g for g in fragmented.loads(s, request.type, list(names)) if fragmented.roomy(g)]
     held = fragmented.vgpus(s, sorted({g.host_id for g in loads}))  # only the hosts with GB to spare
     return fragmented.suggest(request.type, loads, held, names)
 
 
-def _migrating(s: Any, request: fleet_place.FleetRequest, rows: list[store.HostRow]) -> fleet_place.Migrating | None:
+def _migrating(s: Any, request: fleet_place.FleetRequest) -> fleet_place.Migrating | None:
     """A VM whose vGPUs some host records is a VM to move: NVIDIA's rules then compare its GPUs' boards and its
     host's vGPU manager with each candidate's."""
     assert request.vm is not None
@@ -196,7 +241,7 @@ def _migrating(s: Any, request: fleet_place.FleetRequest, rows: list[store.HostR
         held = ", ".join(sorted({v.type_name or "?" for v in mine}))
         raise InvalidInput(f"VM {request.vm} on {home} has no {request.type} vGPU (it has {held})",
                            hint="a VM keeps its vGPU type when it migrates: ask for the type it has")
-    source = next((h for h in rows if h.name == home), None)
+    source = next(iter(store.hosts(s, [mine[0].host_id])), None)
     boards = {g.address: g for g in s.query(FleetGpu).filter(FleetGpu.host_id == mine[0].host_id)}
     vgpus = tuple(compat.MigratingVgpu(v.type_name or request.type,
                                        device_id=boards[v.gpu].device_id if v.gpu in boards else None,

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""How densely a fleet packs mixed vGPU sizes, and what moving VMs wins back: seeded arrival/departure traces on
+16 hosts x 4 GPUs of 48 GB in mixed-size mode (placement IDs as NVIDIA's driver gives them, placement/ids.py).
+
+Rows, per trace:
+(a) first-free: the first host, the first GPU, the driver's first free placement ID;
+(b) vgpumgr's placement: `fleet place`'s `pack` (the host with the fewest free instances of the size, as the
+    hosts publish them: creatable placements), then that host's own placement (`placement.ids.choose` and
+    `pack_order`, as bench_mixed.py's (c) row, which a test replays through `placement.place`);
+(c) (b), and when an arrival is refused, `fleet compact`'s plan with at most k migrations (k = 1, 2, 4): of every
+    GPU, the start of the size with the fewest VMs in the way (`placement.ids.fewest_moves`), each of those VMs
+    placed by (b) on another host; the first such GPU (fewest moves, then GB) whose VMs all find room is freed
+    and the arrival takes the start. Every migration is counted;
+(d) the offline bound: the first arrival at which the VMs present need more GB than the GPUs have, or cannot be
+    packed on them even placed afresh (bench_mixed.upper_bound, over 64 GPUs; a search that runs out of budget
+    does not end the prefix, so the bound stays a bound). No policy, with any number of migrations, accepts
+    more in full.
+
+Columns: VMs accepted before the first refusal (the density measure), the share of all arrivals accepted when
+refused VMs are dropped and the trace goes on, and migrations. Targets (issue 41): (b) >= (a) summed over the
+traces; (c) with k = 2 >= 1.10 x (b) on each trace where (d) leaves that room (d >= 1.10 x (b)); the traces
+where it does not are named.
+
+    python3 scripts/bench_fleet_density.py [--seeds 4] [--events 1400] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import bench_mixed as bm  # noqa: E402
+
+from vgpumgr.placement import ids as pid  # noqa: E402
+
+HOSTS, PER_HOST, REGION = 16, 4, 48
+KS = (1, 2, 4)
+Fleet = list[list[bm.Gpu]]  # hosts -> GPUs -> (placement id, size, vm)
+Placer = Callable[[Fleet, int, int | None], tuple[int, int, int] | None]  # -> (host, gpu, placement id)
+
+
+def _taken(g: bm.Gpu) -> list[tuple[int, int]]:
+    return [(a, s) for a, s, _ in g]
+
+
+def first_free() -> Placer:
+    table = bm.slots(REGION)
+
+    def place(fleet: Fleet, size: int, exclude: int | None = None) -> tuple[int, int, int] | None:
+        for h, gpus in enumerate(fleet):
+            if h == exclude:
+                continue
+            for i, g in enumerate(gpus):
+                p = pid.first_free(REGION, _taken(g), table[size], size)
+                if p is not None:
+                    return h, i, p
+        return None
+    return place
+
+
+def vgpumgr_fleet() -> Placer:
+    """`fleet place --policy pack` (fewest free instances of the size on the host: its creatable placements,
+    as fleet/capacity.py publishes them in mixed-size mode), then the host's own choice."""
+    table = bm.slots(REGION)
+    host_choice = bm.vgpumgr_policy(REGION)
+
+    def place(fleet: Fleet, size: int, exclude: int | None = None) -> tuple[int, int, int] | None:
+        best: tuple[tuple[int, int], int] | None = None
+        for h, gpus in enumerate(fleet):
+            if h == exclude:
+                continue
+            free = sum(len(pid.creatable(REGION, table[size], size, _taken(g))) for g in gpus)
+            if free and (best is None or (free, h) < best[0]):
+                best = ((free, h), h)
+        if best is None:
+            return None
+        got = host_choice(fleet[best[1]], size)
+        return None if got is None else (best[1], got[0], got[1])
+    return place
+
+
+def _put(fleet: Fleet, at: tuple[int, int, int], size: int, vm: int, where: dict[int, tuple[int, int]]) -> None:
+    h, i, p = at
+    fleet[h][i].append((p, size, vm))
+    fleet[h][i].sort()
+    where[vm] = (h, i)
+
+
+def compact(fleet: Fleet, size: int, k: int, place: Placer, where: dict[int, tuple[int, int]]
+            ) -> tuple[tuple[int, int, int], int] | None:
+    """`fleet compact`'s plan for one refused arrival, applied to `fleet` when it works: ((host, gpu, start) the
+    arrival takes, migrations made); None (nothing changed) when no plan of at most k moves works."""
+    table = bm.slots(REGION)
+    options = []
+    for h, gpus in enumerate(fleet):
+        for i, g in enumerate(gpus):
+            found = pid.fewest_moves(table[size], size, g)
+            if found is not None and 0 < found[0] <= k:
+                options.append((found[0], found[1], h, i, found[2], found[3]))
+    for _n, _gb, h, i, start, way in sorted(options):
+        trial = [[list(g) for g in gpus] for gpus in fleet]
+        moved = dict(where)
+        trial[h][i] = [x for x in trial[h][i] if x not in way]
+        for _p, s, vm in sorted(way, key=lambda v: -v[1]):  # the largest first: the hardest to place
+            to = place(trial, s, h)
+            if to is None:
+                break
+            _put(trial, to, s, vm, moved)
+        else:
+            fleet[:] = trial
+            where.clear()
+            where.update(moved)
+            return (h, i, start), len(way)
+    return None
+
+
+def replay(events: Sequence[bm.Event], place: Placer, k: int = 0) -> tuple[int, float, int]:
+    """(accepted before the first refusal, share of arrivals accepted, migrations)."""
+    fleet: Fleet = [[[] for _ in range(PER_HOST)] for _ in range(HOSTS)]
+    where: dict[int, tuple[int, int]] = {}
+    accepted = arrivals = moves = 0
+    first: int | None = None
+    for kind, vm, size in events:
+        if kind == "leave":
+            if vm in where:
+                h, i = where.pop(vm)
+                fleet[h][i] = [x for x in fleet[h][i] if x[2] != vm]
+            continue
+        arrivals += 1
+        got = place(fleet, size, None)
+        if got is None and k:
+            plan = compact(fleet, size, k, place, where)
+            if plan is not None:
+                got, n = plan
+                moves += n
+        if got is None:
+            first = accepted if first is None else first
+            continue
+        _put(fleet, got, size, vm, where)
+        accepted += 1
+    return (accepted if first is None else first), accepted / max(arrivals, 1), moves
+
+
+def bound(events: Sequence[bm.Event], lo: int, budget: int) -> int:
+    bm.GPUS = HOSTS * PER_HOST  # bench_mixed's bound over the whole fleet's GPUs
+    return bm.upper_bound(REGION, events, lo, budget)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--events", type=int, default=1400)
+    ap.add_argument("--budget", type=int, default=2_000, help="search nodes per packing check of (d)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    out, sums = [], {"a": 0, "b": 0, **{f"c{k}": 0 for k in KS}}
+    print(f"{'trace':30} {'row':34} {'before 1st refusal':>18} {'accepted':>9} {'moves':>6}")
+    for mix in ("mixed-even", "mixed-large"):
+        for seed in range(a.seeds):
+            events = bm.trace(REGION, bm.MIXES[mix], 100 + seed, a.events)
+            name = f"{HOSTS}x{PER_HOST}x{REGION}GB {mix} #{seed}"
+            rows = {"a": replay(events, first_free()), "b": replay(events, vgpumgr_fleet())}
+            for k in KS:
+                rows[f"c{k}"] = replay(events, vgpumgr_fleet(), k)
+            hi = bound(events, max(r[0] for r in rows.values()), a.budget)
+            labels = {"a": "(a) first-free", "b": "(b) vgpumgr placement",
+                      **{f"c{k}": f"(c) (b) + compaction, k = {k}" for k in KS}}
+            for key, (first, rate, moves) in rows.items():
+                print(f"{name:30} {labels[key]:34} {first:18d} {rate:9.1%} {moves:6d}")
+                sums[key] += first
+            print(f"{name:30} {'(d) offline bound':34} {hi:18d} {'-':>9} {'-':>6}")
+            b, c2 = rows["b"][0], rows["c2"][0]
+            room = hi >= 1.10 * b
+            verdict = ("met" if c2 >= 1.10 * b else "MISSED") if room else "no room: (d) < 1.10 x (b)"
+            print(f"{name:30} {'target (c, k=2) >= 1.10 x (b)':34} {(c2 / max(b, 1) - 1) * 100:+.1f} %: {verdict}")
+            out.append({"trace": name, **{k: {"first": v[0], "rate": v[1], "moves": v[2]} for k, v in rows.items()},
+                        "d": hi, "room": room, "verdict": verdict})
+    with_room = [t for t in out if t["room"]]
+    met = [t for t in with_room if t["verdict"] == "met"]
+    ab = "met" if sums["b"] >= sums["a"] else "MISSED"
+    gains = ", ".join(f"(c) k={k} {sums[f'c{k}']} ({(sums[f'c{k}'] / max(sums['b'], 1) - 1) * 100:+.1f} %)"
+                      for k in KS)
+    print(f"summed over {len(out)} traces: (a) {sums['a']}, (b) {sums['b']} "
+          f"({(sums['b'] / max(sums['a'], 1) - 1) * 100:+.1f} %: (b) >= (a) {ab}), {gains}")
+    print(f"(c, k=2) >= 1.10 x (b): met on {len(met)} of the {len(with_room)} traces where (d) leaves that room; "
+          f"no room on {', '.join(t['trace'] for t in out if not t['room']) or 'none'}")
+    print(f"bench_fleet_density: {time.monotonic() - t0:.1f} s")
+    if a.json:
+        print(json.dumps({"traces": out, "sums": sums}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

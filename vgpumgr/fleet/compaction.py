@@ -1,0 +1,151 @@
+"""Making room for a vGPU type across the fleet: which GPU to free, and which VMs must leave it.
+
+From what the hosts share (their published rows and the live allocations' records), for every GPU of a fresh,
+uncordoned host that offers the type but has no free instance of it, the VMs that must move off it:
+- a GPU in mixed-size mode whose vGPUs all have the placement ID vgpumgr chose: the VMs in the way of the start of
+  the type that needs the fewest moves (`placement.ids.fewest_moves`, as `gpu compact`);
+- any other GPU (equal-size mode holding a stray vGPU of another size, MIG mode, a placement not known): all of
+  its VMs, which leaves it empty, and an empty GPU of its model takes the type (its published maximum is > 0).
+A vGPU without a VM, or whose VM does not run (its allocation is not active), cannot be moved by a live
+migration: a GPU needing such a move is not a candidate. The options come back fewest moves first (then fewest
+GB moved, then host and GPU by name); vgpumgr.ops.fleet_compact finds each VM a destination.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.orm import Session
+
+from vgpumgr import ids
+from vgpumgr.db.models import ALLOC_ACTIVE, LIVE_STATES, Allocation, Vm
+from vgpumgr.fleet.fragmented import chosen_start
+from vgpumgr.fleet.ranked import _FRESH, _UNCORDONED
+from vgpumgr.placement import ids as pid
+
+PLACEMENT, EMPTY = "placement", "empty-gpu"
+CANDIDATES = 200  # GPUs without room read per plan, fewest vGPUs first
+
+
+class FullGpu(NamedTuple):
+    host_id: int
+    host: str
+    gpu: str
+    name: str  # the wanted type's name on it
+    framebuffer_mb: int | None  # the wanted type's
+    region_mb: int | None  # its largest type's framebuffer: the whole GPU
+    max: int | None  # the wanted type's equal-size maximum
+    mode: str
+    vgpus: int
+
+
+class Held(NamedTuple):
+    vm: str | None
+    type_name: str
+    active: bool  # runs (a live migration can move it)
+    start: int | None  # the placement ID vgpumgr chose (mixed-size mode)
+    framebuffer_mb: int | None
+
+
+class Option(NamedTuple):
+    moves: int
+    gb: int
+    host: str
+    gpu: str
+    how: str  # PLACEMENT | EMPTY
+    start: int | None
+    vms: tuple[str, ...]  # in the order to move them
+    host_id: int
+    type_name: str
+
+
+def full_gpus(s: Session, short: str, limit: int = CANDIDATES) -> list[FullGpu]:
+    """GPUs of fresh, uncordoned hosts offering the type with none free, holding vGPUs, fewest first."""
+    sql = text(
+        "SELECT c.host_id, n.name, c.gpu, c.name, c.framebuffer_mb, (SELECT max(x.framebuffer_mb) FROM "
+        "fleet_capacity x WHERE x.host_id = c.host_id AND x.gpu = c.gpu), c.max, g.mode, g.vgpus FROM fleet_capacity c "
+        "JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu JOIN fleet_hosts h ON h.host_id = "
+        f"c.host_id JOIN hosts n ON n.id = c.host_id WHERE c.short = :short AND c.free = 0 AND coalesce(c.max, 0) > 0 "
+        f"AND g.vgpus > 0 AND {_FRESH[s.get_bind().dialect.name]} AND {_UNCORDONED} "
+        "ORDER BY g.vgpus, n.name, c.gpu LIMIT :limit")
+    return [FullGpu(*r) for r in s.execute(sql, {"short": short, "limit": limit})]
+
+
+def held(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Held]]:
+    """(host id, GPU) -> its live vGPUs."""
+    if not host_ids:
+        return {}
+    q = (select(Allocation.host_id, Allocation.type_name, Allocation.state, Allocation.detail, Vm.name)
+         .outerjoin(Vm, Vm.id == Allocation.vm_id)
+         .where(Allocation.host_id.in_(list(host_ids)), Allocation.state.in_(LIVE_STATES)))
+    out: dict[tuple[int, str], list[Held]] = {}
+    for host_id, type_name, state, detail, vm in s.execute(q):
+        d = detail or {}
+        if not d.get("gpu"):
+            continue
+        fb = d.get("framebuffer_mb")
+        if fb is None:
+            parsed = ids.parse_type_name(type_name or "")
+            fb = int(parsed.framebuffer_gb * 1024) if parsed else None
+        out.setdefault((host_id, d["gpu"]), []).append(
+            Held(vm, type_name or "", state == ALLOC_ACTIVE, chosen_start(d), fb))
+    return out
+
+
+def vm_counts(s: Session, host_id: int, vms: Sequence[str]) -> dict[str, dict[str, int]]:
+    """VM -> its live vGPUs on the host by type (a VM moves with all of them)."""
+    if not vms:
+        return {}
+    sql = text("SELECT v.name, a.type_name, count(*) FROM allocations a JOIN vms v ON v.id = a.vm_id "
+               "WHERE a.host_id = :h AND v.name IN :vms AND a.state IN :live GROUP BY v.name, a.type_name"
+               ).bindparams(bindparam("vms", expanding=True), bindparam("live", expanding=True))
+    out: dict[str, dict[str, int]] = {}
+    for vm, type_name, n in s.execute(sql, {"h": host_id, "vms": list(vms), "live": list(LIVE_STATES)}):
+        out.setdefault(vm, {})[type_name or ""] = int(n)
+    return out
+
+
+def options(gpus: Sequence[FullGpu], held_by: dict[tuple[int, str], list[Held]], max_moves: int | None
+            ) -> list[Option]:
+    """Pure: for each GPU, the VMs that must leave it for the type to fit; fewest moves first."""
+    from vgpumgr.placement.mixed import _arch
+
+    out = []
+    for g in gpus:
+        mine = held_by.get((g.host_id, g.gpu)) or []
+        if not mine or not g.framebuffer_mb:
+            continue
+        found = _placement(g, mine, _arch(g.name)) if all(h.start is not None for h in mine) else None
+        if found is not None:
+            how, start, way = PLACEMENT, found[0], found[1]
+        else:
+            how, start, way = EMPTY, None, list(mine)
+        if not way or any(h.vm is None or not h.active for h in way):
+            continue  # a start or a GPU that only moves that cannot be made free
+        vms = tuple(dict.fromkeys(h.vm for h in way if h.vm))
+        if max_moves is not None and len(vms) > max_moves:
+            continue
+        gb = sum((h.framebuffer_mb or 0) for h in way) // 1024
+        out.append(Option(len(vms), gb, g.host, g.gpu, how, start, vms, g.host_id, g.name))
+    return sorted(out, key=lambda o: (o.moves, o.gb, o.host, o.gpu))
+
+
+def _placement(g: FullGpu, mine: list[Held], arch: str) -> tuple[int, list[Held]] | None:
+    """A mixed-size GPU: the start of the type whose vGPUs in the way are fewest (those vGPUs)."""
+    if not g.region_mb:
+        return None
+    region, size_gb = g.region_mb // 1024, max((g.framebuffer_mb or 0) // 1024, 1)
+    size = pid.placement_size(region, size_gb, arch)
+    taken = [(int(h.start), pid.placement_size(region, max((h.framebuffer_mb or 1024) // 1024, 1), arch),
+              str(i)) for i, h in enumerate(mine) if h.start is not None]
+    if region - sum(t[1] for t in taken) < size:
+        return None  # full, not fragmented: only emptying makes room
+    best = pid.fewest_moves(pid.supported(region, size_gb, g.max, arch), size,
+                            [(at, sz, tag if mine[int(tag)].vm and mine[int(tag)].active else None)
+                             for at, sz, tag in taken])
+    if best is None:
+        return None
+    _n, _gb, start, way = best
+    return start, [mine[int(tag)] for _at, _sz, tag in way if tag is not None]
