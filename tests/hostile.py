@@ -134,6 +134,8 @@ CLI: dict[tuple[str, ...], list[list[object]]] = {
     ("fleet", "capacity"): [["--type", S]],
     ("fleet", "place"): [["--type", S], ["--type", "T4-1Q", "--vm", S], ["--type", "T4-1Q", "--count", N]],
     ("fleet", "publish"): [["--json", "--state-dir", W_BAD]],
+    ("fleet", "compact"): [["--for", S], ["--for", "T4-1Q", "--max-moves", N], ["--for", "T4-1Q", "--per-host", N],
+                           ["--for", "T4-1Q", "--apply", "--json"]],
     ("gpu", "mode"): [[S, "--mixed"], [L40S, "--mixed", "--json", "--db", S]],
     ("gpu", "slots"): [[S]],
     ("gpu", "compact"): [[S], [L40S, "--for", S]],
@@ -184,6 +186,7 @@ REST: dict[tuple[str, str], dict[str, object] | None] = {
     ("GET", "/v1/gpus/{address}/slots"): None, ("GET", "/v1/health"): None, ("GET", "/metrics"): None,
     ("GET", "/v1/guests/telemetry"): None, ("PUT", "/v1/guests/telemetry"): {"vm": "v43", "telemetry": "on"},
     ("POST", "/v1/guests/check"): None, ("GET", "/v1/host/doctor"): None,
+    ("GET", "/v1/fleet/compact"): None, ("POST", "/v1/fleet/compact"): {"type": "T4-1Q", "apply": False},
 }
 JSON_VALUES = ["", "x" * 20000, "\x01\x1b[2J", "a\0b", "٥", "../../etc/passwd", -1, 0, 2**63, -(2**63) - 1, 10**40,
                1e308, None, [], {}, True, "ünï—名"]

@@ -70,8 +70,9 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
             "--apply runs it on the host whose GPU is freed, one VM at a time through `vm migrate`)")
     p.add_argument("--for", dest="type", required=True, metavar="TYPE")
     p.add_argument("--apply", action="store_true", help="migrate the planned VMs, stopping at the first failure")
-    p.add_argument("--max-moves", type=int, default=8, metavar="N", help="plans of at most N migrations (8)")
-    p.add_argument("--per-host", type=int, default=2, metavar="N",
+    p.add_argument("--max-moves", type=integer(1, 64, "--max-moves"), default=8, metavar="N",
+                   help="plans of at most N migrations (8)")
+    p.add_argument("--per-host", type=integer(1, 64, "--per-host"), default=2, metavar="N",
                    help="at most N of the plan's migrations into any one host (2)")
     p.add_argument("--json", action="store_true")
     p = cmd(fleet, ("fleet", "publish"), "vgpumgr.cli.fleet:publish",
