@@ -19,9 +19,8 @@ from typing import NamedTuple
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
-from vgpumgr import ids
 from vgpumgr.db.models import ALLOC_ACTIVE, LIVE_STATES, Allocation, Vm
-from vgpumgr.fleet.fragmented import chosen_start
+from vgpumgr.fleet.fragmented import chosen_start, framebuffer_mb
 from vgpumgr.fleet.ranked import _FRESH, _UNCORDONED
 from vgpumgr.placement import ids as pid
 
@@ -85,10 +84,7 @@ def held(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Held
         d = detail or {}
         if not d.get("gpu"):
             continue
-        fb = d.get("framebuffer_mb")
-        if fb is None:
-            parsed = ids.parse_type_name(type_name or "")
-            fb = int(parsed.framebuffer_gb * 1024) if parsed else None
+        fb = framebuffer_mb(d, type_name)
         out.setdefault((host_id, d["gpu"]), []).append(
             Held(vm, type_name or "", state == ALLOC_ACTIVE, chosen_start(d), fb))
     return out

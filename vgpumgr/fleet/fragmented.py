@@ -75,12 +75,18 @@ def vgpus(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Hel
         d = detail or {}
         if not d.get("gpu"):
             continue
-        fb = d.get("framebuffer_mb")
-        if fb is None:
-            parsed = ids.parse_type_name(type_name or "")
-            fb = int(parsed.framebuffer_gb * 1024) if parsed else None
+        fb = framebuffer_mb(d, type_name)
         out.setdefault((host_id, d["gpu"]), []).append((chosen_start(d), fb, vm))
     return out
+
+
+def framebuffer_mb(detail: Mapping[str, Any], type_name: str | None) -> int | None:
+    """A live vGPU's framebuffer: as its record says, else from its type's name (None when neither tells)."""
+    fb = detail.get("framebuffer_mb")
+    if fb is None:
+        parsed = ids.parse_type_name(type_name or "")
+        fb = int(parsed.framebuffer_gb * 1024) if parsed else None
+    return fb
 
 
 def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, str], Sequence[Any]],
