@@ -11,9 +11,11 @@ each a simulated guest whose nvidia-smi reports a utilisation, and chooses guest
   guest-exec and guest-exec-status per VM on its reader threads, parse), timed in process CPU seconds; the cost
   is that CPU time over the default interval (30 s), as a share of one core. It includes the simulated agent's
   own work (it answers in this process; a real agent runs in the guest). Target (issue 40): <= 1 %.
-- scrape: `python -m api.server` on a unix socket (its samplers running, guest reads every 5 s), GET /metrics one
-  at a time: with guest telemetry off, with every agent answering, then with one agent hung (it answers nothing
-  until libvirt's timeout); p50/p99 of each. Target: the hung run's p99 within 20 % (or 2 ms) of the other's.
+- scrape: two `python -m api.server` on unix sockets, each on its own copy of that host (samplers running, guest
+  reads every 5 s): on one every agent answers, on the other one agent is hung (it answers nothing until
+  libvirt's timeout; a reader waits on it all the time). GET /metrics alternately on the one and the other, so
+  that whatever else the machine runs slows both alike; p50/p99 of each (and of the first with guest telemetry
+  off, before). Target: the hung server's p99 within 20 % (or 2 ms) of the calm one's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ VMS, INTERVAL_S, TARGET_CPU_PCT = 32, 30.0, 1.0
 
 
 def build(tmp: Path) -> tuple[Service, Path, list[Path]]:
+    tmp.mkdir(parents=True, exist_ok=True)
     root = profiles.create(tmp / "sim", "l40s-vfio", vfs=VMS)
     cfg = Config.resolve(sysfs_root=str(root), state_dir=str(tmp / "state"), connect="test:///default")
     svc = Service(cfg, licence_mode="off")
@@ -54,16 +57,28 @@ def build(tmp: Path) -> tuple[Service, Path, list[Path]]:
     return svc, root, dirs
 
 
+def scrape(sock: Path) -> float:
+    c = UnixHTTPConnection(str(sock))
+    s0 = time.perf_counter()
+    c.request("GET", "/metrics")
+    c.getresponse().read()
+    took = (time.perf_counter() - s0) * 1000
+    c.close()
+    return took
+
+
 def scrapes(sock: Path, n: int) -> list[float]:
-    lat = []
-    for _ in range(n):
-        c = UnixHTTPConnection(str(sock))
-        s0 = time.perf_counter()
-        c.request("GET", "/metrics")
-        c.getresponse().read()
-        lat.append((time.perf_counter() - s0) * 1000)
-        c.close()
-    return lat
+    return [scrape(sock) for _ in range(n)]
+
+
+def alternated(socks: tuple[Path, Path], n: int) -> tuple[list[float], list[float]]:
+    first: list[float] = []
+    second: list[float] = []
+    for i in range(n):  # the order flips every round: neither server is always the one scraped right after
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for k in order:
+            (first if k == 0 else second).append(scrape(socks[k]))
+    return first, second
 
 
 def main() -> int:
@@ -95,17 +110,19 @@ def main() -> int:
         env = {"VGPUMGR_GUEST_TELEMETRY_INTERVAL": "5"}
         for n in range(VMS):
             guest_watch.set_vm(svc, f"vm{n:02d}", "off")
-        with service(root, svc.cfg.state_dir, **env) as sock:
-            scrapes(sock, 10)  # the first scrapes wait for the server's first samples
-            off = scrapes(sock, a.scrapes)
+        twin, twin_root, twin_dirs = build(tmp / "twin")
+        with service(root, svc.cfg.state_dir, **env) as calm_sock, \
+                service(twin_root, twin.cfg.state_dir, **env) as hung_sock:
+            scrapes(calm_sock, 10)  # the first scrapes wait for the server's first samples
+            scrapes(hung_sock, 10)
+            off = scrapes(calm_sock, a.scrapes)
             for n in range(VMS):
                 guest_watch.set_vm(svc, f"vm{n:02d}", "on")
-            time.sleep(6)
-            calm = scrapes(sock, a.scrapes)
-            guest_tools.configure(dirs[0], exec_mode="hang")
-            time.sleep(6)  # the next guest pass finds it hung: one reader waits on it from now on
-            hung = scrapes(sock, a.scrapes)
-            guest_tools.release(dirs[0])
+                guest_watch.set_vm(twin, f"vm{n:02d}", "on")
+            guest_tools.configure(twin_dirs[0], exec_mode="hang")
+            time.sleep(6)  # the next guest pass reads every VM; one reader of the twin waits on the hung agent
+            calm, hung = alternated((calm_sock, hung_sock), a.scrapes)
+            guest_tools.release(twin_dirs[0])
         out = {"vms": VMS, "setup_s": round(setup_s, 1), "interval_s": INTERVAL_S,
                "pass_cpu_ms": per_pass * 1000, "pass_wall_ms": sorted(wall)[len(wall) // 2] * 1000,
                "cpu_pct_of_one_core": per_pass / INTERVAL_S * 100, "target_cpu_pct": TARGET_CPU_PCT,
@@ -121,7 +138,8 @@ def main() -> int:
                   f"{INTERVAL_S:g} s (target <= {TARGET_CPU_PCT} %)")
             print(f"/metrics scrape p50/p99: {out['off_scrape_p50_ms']:.1f}/{out['off_scrape_p99_ms']:.1f} ms with "
                   f"guest telemetry off, {out['scrape_p50_ms']:.1f}/{out['scrape_p99_ms']:.1f} ms with every "
-                  f"agent answering, {out['hung_scrape_p50_ms']:.1f}/{out['hung_scrape_p99_ms']:.1f} ms with one hung")
+                  f"agent answering, {out['hung_scrape_p50_ms']:.1f}/{out['hung_scrape_p99_ms']:.1f} ms with one hung "
+                  f"(alternated, {a.scrapes} each): {'within' if out['hung_p99_ok'] else 'NOT within'} the target")
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
