@@ -30,6 +30,7 @@ change (the time inside the publisher), the fleet page's first screen <= 1 s, al
 growing less than linearly with the hosts.
 
     .venv/bin/python scripts/bench_fleet.py [--scales 1000,3000,10000] [--queries 200] [--pairs 100] [--json]
+    .venv/bin/python scripts/bench_fleet.py --report run.json  # the tables of a run saved with --json
 """
 
 from __future__ import annotations
@@ -445,6 +446,7 @@ def main() -> int:
     ap.add_argument("--churn-rate", type=float, default=20.0, help="changes published per second meanwhile")
     ap.add_argument("--services", type=int, default=4, help="real services beside the simulated hosts")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--report", metavar="FILE", help="print the tables of a run saved with --json")
     ap.add_argument("--churn", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--churn-hosts", type=int, default=10, help=argparse.SUPPRESS)
     ap.add_argument("--churn-boards", help=argparse.SUPPRESS)
@@ -452,11 +454,20 @@ def main() -> int:
     if a.churn:
         churn(a.churn, a.churn_hosts, a.churn_rate, a.churn_boards)
         return 0
+    if a.report:  # the tables again from a run's --json
+        report(json.loads(Path(a.report).read_text()))
+        return 0
     r = run([int(x) for x in a.scales.split(",")], a.queries, a.pairs, a.churn_rate, a.services)
     if a.json:
         print(json.dumps(r))
         return 0
-    print(f"hosts: simulated (8 GPUs each: {', '.join(r['boards'])}) + {a.services} real services + 1 host-path "
+    report(r)
+    return 0
+
+
+def report(r: dict[str, Any]) -> None:
+    services = r["scales"][0]["real_services"]
+    print(f"hosts: simulated (8 GPUs each: {', '.join(r['boards'])}) + {services} real services + 1 host-path "
           f"service, one PostgreSQL; {r['churn_per_s']:g} changes/s published meanwhile")
     head = ["hosts", "GPU rows", "type rows", "place p50/p99", "REST place p99", "migrating p99",
             "capacity --type p50/p99", "capacity p99", "page p50/p99", "publish mean/p99", "pair on/off"]
@@ -494,7 +505,6 @@ def main() -> int:
         grew = last[key]["p50"] / first[key]["p50"]
         print(f"{what}: x{grew:.2f} from {first['hosts']} to {last['hosts']} hosts (x{hosts:.1f}): "
               f"{'less than linear' if grew < hosts else 'NOT less than linear'}")
-    return 0
 
 
 if __name__ == "__main__":
