@@ -135,8 +135,8 @@ def _types_sql(pg: bool) -> tuple[str, ...]:
 # The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
 # changed rows are read, not every row of the host's touched types.
 _PG_CHANGE = (
-    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], %(short)s::varchar[], "
-    "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, short, free, used, max)), "
+    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
+    "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
     "o AS (SELECT c.gpu, c.type_id, c.short, c.free AS was_free, c.used AS was_used, c.max AS was_max, v.free, "
     "v.used, v.max FROM fleet_capacity c JOIN v ON c.gpu = v.gpu AND c.type_id = v.type_id WHERE c.host_id = "
     "%(h)s AND (c.free, c.used, c.max) IS DISTINCT FROM (v.free, v.used, v.max) FOR UPDATE OF c), "
@@ -258,7 +258,7 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
     if _pg(s):
         _run(s, "change" if host else "counts", {
             "h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
-            "short": [t.short for _, t in types], "free": [t.free for _, t in types],
+            "free": [t.free for _, t in types],
             "used": [t.used for _, t in types], "max": [t.max for _, t in types],
             "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
             "gpus": gpu_count, "total": vgpus})
