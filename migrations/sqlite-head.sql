@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0015_fleet_host_types: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0016_fleet_fresh_index: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -333,6 +333,8 @@ CREATE TABLE fleet_host_types (
 CREATE INDEX ix_fleet_host_types_pack ON fleet_host_types (short, free, host) WHERE free > 0;
 CREATE INDEX ix_fleet_host_types_spread ON fleet_host_types (short, (-free), host) WHERE free > 0;
 CREATE INDEX ix_fleet_host_types_boards ON fleet_host_types (short) WHERE boards > 1;
-INSERT INTO "alembic_version" VALUES('0015_fleet_host_types');
+CREATE INDEX ix_fleet_hosts_unsummarized ON fleet_hosts (host_id) WHERE types_generation IS NULL OR types_generation <> generation;
+CREATE INDEX ix_fleet_host_types_room ON fleet_host_types (short, open_gpus, free);
+INSERT INTO "alembic_version" VALUES('0016_fleet_fresh_index');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
 INSERT INTO "vgpumgr_schema" VALUES(1,0,NULL);

@@ -203,6 +203,10 @@ def fleet_rows(queries: int, pairs: int, scales: str = "1000,3000,10000") -> lis
                         f"{s['place_ms']['p99']:.1f} / {s['rest_place_ms']['p99']:.1f} / "
                         f"{s['migrating_place_ms']['p99']:.1f} / {s['capacity_ms']['p99']:.1f} ms, "
                         f"{s['publish_mean_ms']:.2f} ms", "-", "-", "info"))
+    if "no_room_place_ms" in last:
+        rows.append(Row(f"  `fleet place` p50 / p99 when no host has room (the hint and the compaction plan), {n}",
+                        f"{last['no_room_place_ms']['p50']:.0f} / {last['no_room_place_ms']['p99']:.0f} ms",
+                        "-", "-", "info"))
     return rows
 
 

@@ -8,12 +8,17 @@ The simulated hosts are rows written by a load generator through vgpumgr's own p
 in SQL, `clone`): each is one of three real simulated boards (8 x T4 on mdev,
 8 x L40S on vendor VFs, 8 x A100 in MIG mode), its capacity computed once by vgpumgr.fleet.capacity from that
 board's simulated host and then filled to a random level per GPU by the equal-size rule; 1 % are cordoned and
-2 % stale. While the figures are taken a second process keeps publishing changes of random simulated hosts
-(`--churn`, default 20 per second, a heartbeat every 30 s from 1,000 hosts is 33 per second), and the four real
+2 % stale (their window is a day: the others stay fresh for the whole run, the stale ones beat two days ago).
+While the figures are taken a second process keeps publishing changes of random simulated hosts (`--churn`,
+default 20 per second, a heartbeat every 30 s from 1,000 hosts is 33 per second), and the four real
 services (`python -m api.server`, tests/fleethosts.py) beat every 2 s.
 
 - place: `Service.fleet_place` (the reads and the pure placer, what `vgpumgr fleet place` and
   GET /v1/fleet/place run), over random types and both policies; and the same through one service's REST socket.
+  And `place` for a type every A100 host offers and none has room for (NO_ROOM_TYPE), where it also names the
+  fragmented GPU and plans the fleet's compaction.
+- each read (vgpumgr.fleet.ranked, store, compaction, fragmented) timed apart over one more round of `place`,
+  `capacity` and the page (in process): which statement grows with the fleet.
 - capacity: `Service.fleet_capacity(type)` over random types, and `fleet_capacity()` (every type).
 - page: the web view's fleet page (`GET /ui/fleet`, logged in) from one real service's socket: the first screen,
   unfiltered, by state, and by type.
@@ -25,6 +30,7 @@ change (the time inside the publisher), the fleet page's first screen <= 1 s, al
 growing less than linearly with the hosts.
 
     .venv/bin/python scripts/bench_fleet.py [--scales 1000,3000,10000] [--queries 200] [--pairs 100] [--json]
+    .venv/bin/python scripts/bench_fleet.py --report run.json  # the tables of a run saved with --json
 """
 
 from __future__ import annotations
@@ -85,6 +91,13 @@ def occupy(gpu: Any, rng: random.Random) -> Any:
     return replace(gpu, vgpus=used, types=types)
 
 
+# The simulated hosts do not beat: their window is a day, so those meant to be fresh stay fresh for the whole run
+# (with a window of 90 s the first sizes' hosts went stale while the larger ones were measured), and the 2 % meant
+# to be stale beat two days ago.
+WINDOW_S = 86400.0
+STALE_SQL = "now() - interval '2 days'"
+
+
 def publish_host(s: Any, name: str, gpus: list[Any], first: bool) -> int:
     from vgpumgr.db import store as db_store
     from vgpumgr.fleet import writes
@@ -92,7 +105,7 @@ def publish_host(s: Any, name: str, gpus: list[Any], first: bool) -> int:
     host_id = db_store.upsert_host(s, name).id
     writes.write_gpus(s, host_id, gpus, prune_types=first)
     writes.write_host(s, host_id, writes.HostFacts(f"https://{name}:8470", f"qemu+ssh://{name}/system",
-                                                 "580.159.04", "bench", 30.0, 90.0), len(gpus),
+                                                 "580.159.04", "bench", 30.0, WINDOW_S), len(gpus),
                      sum(g.vgpus for g in gpus))
     return host_id
 
@@ -114,7 +127,7 @@ def grow(url: str, tpl: dict[str, list[Any]], start: int, stop: int, seed: int =
                 s.execute(text("INSERT INTO host_cordons (host_id, reason, cordoned_by, cordoned_at) "
                                "VALUES (:h, 'bench', 'bench', now())"), {"h": host_id})
             if i % 50 == 11:  # 2 % stale: a host that stopped beating an hour ago
-                s.execute(text("UPDATE fleet_hosts SET heartbeat_at = now() - interval '1 hour' WHERE host_id = :h"),
+                s.execute(text(f"UPDATE fleet_hosts SET heartbeat_at = {STALE_SQL} WHERE host_id = :h"),
                           {"h": host_id})
 
 
@@ -142,7 +155,7 @@ def clone(url: str, start: int, stop: int) -> None:
                        "JOIN hosts t ON t.name = 'sim-' || lpad((i % :seed)::text, 5, '0')"), sets)
         h = cols(FleetHost, "host_id")
         c.execute(text(f"INSERT INTO fleet_hosts (host_id, {', '.join(h)}) SELECT m.new_id, "
-                       + ", ".join("CASE WHEN m.i % 50 = 11 THEN now() - interval '1 hour' ELSE now() END"
+                       + ", ".join(f"CASE WHEN m.i % 50 = 11 THEN {STALE_SQL} ELSE now() END"
                                    if x == "heartbeat_at" else f"f.{x}" for x in h)
                        + " FROM m JOIN fleet_hosts f ON f.host_id = m.src_id"))
         for model in (FleetGpu, FleetCapacity):
@@ -184,6 +197,51 @@ def churn(url: str, hosts: int, rate: float, boards: str) -> None:
                 host_id = db_store.upsert_host(s, f"sim-{i:05d}").id
                 writes.write_counts(s, host_id, [gpu], 8, gpu.vgpus)
         time.sleep(max(0.0, 1 / rate - (time.monotonic() - t0)))
+
+
+NO_ROOM_TYPE = "A100D-40C"  # offered by every A100 host, none with room (they are in MIG mode): `place` then
+# names the fragmented GPU and plans the fleet's compaction
+STATEMENTS = (("vgpumgr.fleet.ranked", ("host_count", "counts", "candidates", "irregular", "no_capacity_hosts",
+                                        "page_counts", "page_hosts", "placeable_free")),
+              ("vgpumgr.fleet.store", ("hosts", "offer_groups", "open_gpus", "capacity_by_host", "gpus",
+                                       "slot_rows")),
+              ("vgpumgr.fleet.compaction", ("full_gpus", "held")), ("vgpumgr.fleet.fragmented", ("loads", "vgpus")))
+
+
+class Statements:
+    """Each of the fleet's reads timed while `place`, `capacity` and the page run in this process: which of them
+    grows with the fleet."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, list[float]] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> Statements:
+        import importlib
+
+        for mod_name, names in STATEMENTS:
+            mod = importlib.import_module(mod_name)
+            for name in names:
+                fn = getattr(mod, name)
+                self._saved.append((mod, name, fn))
+                setattr(mod, name, self._timed(f"{mod_name.rsplit('.', 1)[1]}.{name}", fn))
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for mod, name, fn in self._saved:
+            setattr(mod, name, fn)
+
+    def _timed(self, label: str, fn: Any) -> Any:
+        def timed_call(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.ms.setdefault(label, []).append((time.perf_counter() - t) * 1000)
+        return timed_call
+
+    def medians(self) -> dict[str, dict[str, float]]:
+        return {k: {"p50": statistics.median(v), "max": max(v), "n": len(v)} for k, v in sorted(self.ms.items())}
 
 
 def quantiles(ms: list[float]) -> dict[str, float]:
@@ -318,6 +376,10 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
             def migrate(_: int) -> None:
                 reader.fleet_place(FleetRequest("T4-4Q", vm="bench-mover"))
 
+            def no_room(_: int) -> None:
+                d = reader.fleet_place(FleetRequest(NO_ROOM_TYPE))
+                assert d.choice is None, d.choice
+
             def capacity_all(_: int) -> None:
                 reader.fleet_capacity()
 
@@ -340,6 +402,17 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
                    "capacity_all_ms": quantiles(timed(capacity_all, max(10, queries // 10))),
                    "rest_place_ms": rest_ms, "page_ms": page_ms,
                    "migrating_place_ms": quantiles(timed(migrate, max(10, queries // 10)))}
+            row["no_room_place_ms"] = quantiles(timed(no_room, max(5, queries // 20)))
+            with Statements() as st:  # one more round of each, its reads timed apart
+                for i in range(2 * len(TYPES)):
+                    place(i)
+                    capacity(i)
+                for i in range(3):
+                    no_room(i)
+                for i in range(8):
+                    reader.fleet_grid(type_name=TYPES[i] if i % 2 else None, state=(None, "ok", "stale", "ok")[i % 4],
+                                      page=3 if i % 4 == 3 else 1)
+            row["statements"] = st.medians()
             with reader.reads() as s:
                 from sqlalchemy import text
 
@@ -373,6 +446,7 @@ def main() -> int:
     ap.add_argument("--churn-rate", type=float, default=20.0, help="changes published per second meanwhile")
     ap.add_argument("--services", type=int, default=4, help="real services beside the simulated hosts")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--report", metavar="FILE", help="print the tables of a run saved with --json")
     ap.add_argument("--churn", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--churn-hosts", type=int, default=10, help=argparse.SUPPRESS)
     ap.add_argument("--churn-boards", help=argparse.SUPPRESS)
@@ -380,11 +454,20 @@ def main() -> int:
     if a.churn:
         churn(a.churn, a.churn_hosts, a.churn_rate, a.churn_boards)
         return 0
+    if a.report:  # the tables again from a run's --json
+        report(json.loads(Path(a.report).read_text()))
+        return 0
     r = run([int(x) for x in a.scales.split(",")], a.queries, a.pairs, a.churn_rate, a.services)
     if a.json:
         print(json.dumps(r))
         return 0
-    print(f"hosts: simulated (8 GPUs each: {', '.join(r['boards'])}) + {a.services} real services + 1 host-path "
+    report(r)
+    return 0
+
+
+def report(r: dict[str, Any]) -> None:
+    services = r["scales"][0]["real_services"]
+    print(f"hosts: simulated (8 GPUs each: {', '.join(r['boards'])}) + {services} real services + 1 host-path "
           f"service, one PostgreSQL; {r['churn_per_s']:g} changes/s published meanwhile")
     head = ["hosts", "GPU rows", "type rows", "place p50/p99", "REST place p99", "migrating p99",
             "capacity --type p50/p99", "capacity p99", "page p50/p99", "publish mean/p99", "pair on/off"]
@@ -398,6 +481,16 @@ def main() -> int:
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     for line in [head, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+    print(f"\n`place` when no host has room ({NO_ROOM_TYPE}: the fragmentation hint and the fleet's compaction "
+          "plan), p50/p99: " + ", ".join(f"{s['hosts']} hosts {s['no_room_place_ms']['p50']:.0f}/"
+                                        f"{s['no_room_place_ms']['p99']:.0f} ms" for s in r["scales"]))
+    print("\neach read's p50 in ms (place over every type and policy, no-room place, capacity, the page in process):")
+    labels = sorted({k for s in r["scales"] for k in s["statements"]})
+    width = max(len(x) for x in labels)
+    print(" " * width + "".join(f"{s['hosts']:>10}" for s in r["scales"]))
+    for k in labels:
+        print(k.ljust(width) + "".join(f"{s['statements'][k]['p50']:>10.2f}" if k in s["statements"] else f"{'-':>10}"
+                                       for s in r["scales"]))
     first, last = r["scales"][0], r["scales"][-1]
     t = r["targets"]
     for what, value, target in (("place p99", last["place_ms"]["p99"], t["place_p99_ms"]),
@@ -412,7 +505,6 @@ def main() -> int:
         grew = last[key]["p50"] / first[key]["p50"]
         print(f"{what}: x{grew:.2f} from {first['hosts']} to {last['hosts']} hosts (x{hosts:.1f}): "
               f"{'less than linear' if grew < hosts else 'NOT less than linear'}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -113,6 +113,22 @@ def test_a_large_fleets_answer_is_the_one_reading_every_host_gives(tmp_path: Pat
         req = FleetRequest("T4-4Q", strategy=strategy)
         full, large = svc.fleet_place(req, every_host=True), svc.fleet_place(req)
         assert _names(large) == _names(full) and large.choice == full.choice and large.choice.host != first
+    # the best host's window passes (its rows and summary untouched), then the next best is cordoned: neither is
+    # chosen again, and the counts by reason follow (stale hosts are found by the time their window ends)
+    req = FleetRequest("T4-2Q", strategy="spread")
+    before = svc.fleet_place(req)
+    late = "now() - interval '1 hour'" if svc.cfg.db_url.startswith("postgresql") else \
+        "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour')"
+    with svc.tx() as s:
+        s.execute(text(f"UPDATE fleet_hosts SET heartbeat_at = {late} WHERE host_id = "
+                       "(SELECT id FROM hosts WHERE name = :h)"), {"h": before.choice.host})
+    svc.cordon_host(before.ranked[1].host, reason="test")
+    full, large = svc.fleet_place(req, every_host=True), svc.fleet_place(req)
+    assert large.choice == full.choice and _names(large) == _names(full)
+    assert large.rejected_counts == full.rejected_counts
+    assert large.rejected_counts["stale"] == before.rejected_counts["stale"] + 1
+    assert large.rejected_counts["cordoned"] == before.rejected_counts["cordoned"] + 1
+    assert {before.choice.host, before.ranked[1].host}.isdisjoint(c.host for c in large.ranked)
 
 
 def test_the_fleet_page_is_chosen_and_counted_in_sql(tmp_path: Path, fresh_db_url: str,
@@ -128,3 +144,10 @@ def test_the_fleet_page_is_chosen_and_counted_in_sql(tmp_path: Path, fresh_db_ur
     assert svc.fleet_grid(type_name="L40S-4Q")["matching"] == 0
     t4 = svc.fleet_grid(type_name="T4-4Q", state="ok")
     assert t4["matching"] == 9 and t4["placeable_free"] == svc.fleet_capacity("T4-4Q")["free"]
+    # a host on the previous release (its summary behind its generation) is found by its own rows
+    with svc.tx() as s:
+        s.execute(text("UPDATE fleet_host_types SET short = 'gone' WHERE short = 'T4-4Q' AND host_id = "
+                       "(SELECT id FROM hosts WHERE name = 'h00')"))
+        s.execute(text("UPDATE fleet_hosts SET generation = generation + 1 WHERE host_id = "
+                       "(SELECT id FROM hosts WHERE name = 'h00')"))
+    assert svc.fleet_grid(type_name="T4-4Q", state="ok")["matching"] == 9

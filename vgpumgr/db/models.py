@@ -420,8 +420,19 @@ class HostCordon(Base):
 # -- what each host publishes for the fleet: a cache of its own sysfs and records (vgpumgr.fleet) --------
 
 
+_UNSUMMARIZED = text("types_generation IS NULL OR types_generation <> generation")
+
+
 class FleetHost(Base):
     __tablename__ = "fleet_hosts"
+    __table_args__ = (
+        # the hosts placement reads from their own rows (vgpumgr.fleet.ranked.irregular)
+        Index("ix_fleet_hosts_unsummarized", "host_id", postgresql_where=_UNSUMMARIZED, sqlite_where=_UNSUMMARIZED),
+        # when each host goes stale (PostgreSQL; the function is migration 0016's): the stale hosts found, and
+        # counted by the planner, through an index
+        Index("ix_fleet_hosts_fresh_until", text("fleet_fresh_until(heartbeat_at, stale_after_s)"))
+        .ddl_if(dialect="postgresql"),
+    )
 
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
     endpoint: Mapped[str | None] = mapped_column(String(512))  # where its REST service answers
@@ -514,6 +525,8 @@ class FleetHostType(Base):
         # the rare host with two boards offering one short name: read from its own rows
         Index("ix_fleet_host_types_boards", "short", postgresql_where=text("boards > 1"),
               sqlite_where=text("boards > 1")),
+        # one type's hosts counted by their room from the index alone (vgpumgr.fleet.ranked.counts)
+        Index("ix_fleet_host_types_room", "short", "open_gpus", "free"),
         {"postgresql_with": {"fillfactor": 70}},
     )
 

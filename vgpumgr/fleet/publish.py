@@ -122,7 +122,7 @@ class Publisher:
             self._written.update({g.address: g for g in caps})
             self._beats += heartbeat
         # the rows commit with the change or not at all: a rolled-back transaction leaves them to the next publish
-        event.listen(s, "after_rollback", lambda _s: self._forget(caps, everything), once=True)
+        s.info.setdefault(_ON_ROLLBACK, []).append(lambda: self._forget(caps, everything))
         host_id = self.ctx.host_id(s)
         gpu_count, vgpus = sum(1 for g in inv.gpus if not g.is_vf), len(inv.mdevs) + len(inv.vf_vgpus)
         if rows or everything:
@@ -163,6 +163,22 @@ class Publisher:
         if self._driver is _UNREAD:
             self._driver = _driver_version(self.ctx.cfg)
         return self._driver
+
+
+# What a transaction's rollback must undo in this process's memory of what it wrote: kept on the session, run by
+# one listener on every session (a listener added per change cost ~0.1 ms of the change's publishing)
+_ON_ROLLBACK = "vgpumgr.fleet.on_rollback"
+
+
+@event.listens_for(Session, "after_rollback")
+def _after_rollback(s: Session) -> None:
+    for undo in s.info.pop(_ON_ROLLBACK, ()):
+        undo()
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(s: Session) -> None:
+    s.info.pop(_ON_ROLLBACK, None)
 
 
 def _type_ids(g: GpuCapacity) -> set[str]:

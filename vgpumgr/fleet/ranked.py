@@ -22,12 +22,16 @@ from typing import Any, NamedTuple
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-# a host's heartbeat is within its window: the negation of store.HostRow.stale, by the database's clock
+# a host's heartbeat is within its window: the negation of store.HostRow.stale, by the database's clock; on
+# PostgreSQL through the indexed fleet_fresh_until (migration 0016), so the stale hosts are found, and the fresh
+# ones estimated, from the index
 _FRESH = {
-    "postgresql": "h.heartbeat_at >= now() - h.stale_after_s * interval '1 second'",
+    "postgresql": "fleet_fresh_until(h.heartbeat_at, h.stale_after_s) >= now()",
     "sqlite": "(julianday('now') - julianday(h.heartbeat_at)) * 86400.0 <= h.stale_after_s"}
+_STALE = {
+    "postgresql": "fleet_fresh_until(h.heartbeat_at, h.stale_after_s) < now()",
+    "sqlite": "(julianday('now') - julianday(h.heartbeat_at)) * 86400.0 > h.stale_after_s"}
 _UNCORDONED = "NOT EXISTS (SELECT 1 FROM host_cordons c WHERE c.host_id = h.host_id)"
-_SUMMARIZED = "h.types_generation = h.generation"
 
 
 def _dialect(s: Session) -> str:
@@ -47,29 +51,37 @@ class Counts(NamedTuple):
 
 
 def counts(s: Session, short: str, count: int, nvidia: bool) -> Counts:
-    """Every host by why it could not take `count` of the type before any policy (one pass over the hosts)."""
-    fresh = _FRESH[_dialect(s)]
+    """Every host by why it could not take `count` of the type before any policy. No pass over the hosts: the
+    type's summary rows are counted by room from their index (ix_fleet_host_types_room), and the few hosts that
+    are stale (ix_fleet_hosts_fresh_until) or cordoned are looked up and taken off."""
+    d = _dialect(s)
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
     sql = text(
-        f"SELECT count(*), sum(CASE WHEN NOT ({fresh}) THEN 1 ELSE 0 END), "
-        f"sum(CASE WHEN ({fresh}) AND c.host_id IS NOT NULL THEN 1 ELSE 0 END), "
-        f"sum(CASE WHEN ({fresh}) AND c.host_id IS NULL AND t.host_id IS NULL THEN 1 ELSE 0 END), "
-        f"sum(CASE WHEN ({fresh}) AND c.host_id IS NULL AND t.host_id IS NOT NULL AND NOT ({room}) THEN 1 ELSE 0 END) "
-        "FROM fleet_hosts h LEFT JOIN host_cordons c ON c.host_id = h.host_id "
-        "LEFT JOIN fleet_host_types t ON t.host_id = h.host_id AND t.short = :short")
-    r = s.execute(sql, {"short": short, "count": count}).one()
-    return Counts(*(int(x or 0) for x in r))
+        "WITH out_ AS (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE " + _STALE[d] + " UNION ALL "
+        "SELECT h.host_id, 0 FROM host_cordons c JOIN fleet_hosts h ON h.host_id = c.host_id WHERE " + _FRESH[d] + ") "
+        "SELECT (SELECT count(*) FROM fleet_hosts), "
+        "(SELECT count(*) FROM fleet_host_types t WHERE t.short = :short), "
+        f"(SELECT count(*) FROM fleet_host_types t WHERE t.short = :short AND {room}), "
+        "(SELECT sum(o.stale) FROM out_ o), (SELECT count(*) - sum(o.stale) FROM out_ o), "
+        "(SELECT count(*) FROM out_ o JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short), "
+        f"(SELECT count(*) FROM out_ o JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short "
+        f"WHERE {room})")
+    hosts, offering, roomy, stale, cordoned, offering_out, roomy_out = (
+        int(x or 0) for x in s.execute(sql, {"short": short, "count": count}).one())
+    offered = offering - offering_out  # by fresh, uncordoned hosts
+    return Counts(hosts, stale, cordoned, hosts - stale - cordoned - offered, offered - (roomy - roomy_out))
 
 
 def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, offset: int, limit: int,
                board: str | None = None, driver: str | None = None) -> list[int]:
-    """Hosts with one board offering the type, fresh, not cordoned, with room for `count`, summarized, in the
-    placer's order (`pack`: fewest free first; `spread`: most), `limit` of them from `offset`; `board` and
-    `driver` (a migrating VM's) leave out hosts NVIDIA's rules refuse anyway."""
+    """Hosts with one board offering the type, fresh, not cordoned, with room for `count`, in the placer's order
+    (`pack`: fewest free first; `spread`: most), `limit` of them from `offset`; `board` and `driver` (a migrating
+    VM's) leave out hosts NVIDIA's rules refuse anyway. A host whose summary is behind its generation may be
+    among them: the caller reads it from its own rows (`irregular`) and skips it here. (Asking for summarized
+    hosts here made the planner, which cannot estimate `types_generation = generation`, join every host.)"""
     order = "t.free, t.host" if strategy == "pack" else "(-t.free), t.host"
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
-    where = [f"t.short = :short AND t.free > 0 AND t.boards = 1 AND {room}", _FRESH[_dialect(s)], _UNCORDONED,
-             _SUMMARIZED]
+    where = [f"t.short = :short AND t.free > 0 AND t.boards = 1 AND {room}", _FRESH[_dialect(s)], _UNCORDONED]
     params: dict[str, Any] = {"short": short, "count": count, "limit": limit, "offset": offset}
     if board:
         where.append("lower(t.device_id) = :board")
@@ -102,28 +114,46 @@ def no_capacity_hosts(s: Session, short: str, limit: int) -> list[int]:
 
 # -- the fleet page ----------------------------------------------------------------------------------------
 
-_STATE = {"stale": "NOT ({fresh})", "cordoned": "({fresh}) AND c.host_id IS NOT NULL",
-          "ok": "({fresh}) AND c.host_id IS NULL"}
+# a host's state by the stale hosts found through the index (a hashed list), not by the heartbeat of each host
+_STALE_IDS = "(SELECT x.host_id FROM fleet_hosts x WHERE {stale})"
+_STATE = {"stale": "h.host_id IN {ids}", "cordoned": "c.host_id IS NOT NULL AND h.host_id NOT IN {ids}",
+          "ok": "c.host_id IS NULL AND h.host_id NOT IN {ids}"}
+
+
+def _stale_ids(s: Session) -> str:
+    return _STALE_IDS.format(stale=_STALE[_dialect(s)].replace("h.", "x."))
 
 
 def page_counts(s: Session) -> dict[str, int]:
-    fresh = _FRESH[_dialect(s)]
+    """The hosts by state, and their GPUs and vGPUs: one plain pass for the sums, the stale and the cordoned
+    hosts through their indexes."""
+    ids = _stale_ids(s)
     r = s.execute(text(
-        f"SELECT count(*), sum(CASE WHEN {_STATE['ok'].format(fresh=fresh)} THEN 1 ELSE 0 END), "
-        f"sum(CASE WHEN {_STATE['stale'].format(fresh=fresh)} THEN 1 ELSE 0 END), "
-        f"sum(CASE WHEN {_STATE['cordoned'].format(fresh=fresh)} THEN 1 ELSE 0 END), sum(h.gpus), sum(h.vgpus) "
-        "FROM fleet_hosts h LEFT JOIN host_cordons c ON c.host_id = h.host_id")).one()
-    return dict(zip(("hosts", "ok", "stale", "cordoned", "gpus", "vgpus"), (int(x or 0) for x in r), strict=True))
+        "SELECT (SELECT count(*) FROM fleet_hosts), "
+        f"(SELECT count(*) FROM fleet_hosts h WHERE {_STATE['stale'].format(ids=ids)}), "
+        "(SELECT count(*) FROM host_cordons c JOIN fleet_hosts h ON h.host_id = c.host_id "
+        f"WHERE {_STATE['cordoned'].format(ids=ids)}), "
+        "(SELECT sum(gpus) FROM fleet_hosts), (SELECT sum(vgpus) FROM fleet_hosts)")).one()
+    hosts, stale, cordoned, gpus, vgpus = (int(x or 0) for x in r)
+    return {"hosts": hosts, "ok": hosts - stale - cordoned, "stale": stale, "cordoned": cordoned, "gpus": gpus,
+            "vgpus": vgpus}
+
+
+# the hosts offering a type: by their summary (the type's index), or by their own rows where the summary is behind
+_OFFERS = ("((h.host_id IN (SELECT t.host_id FROM fleet_host_types t WHERE t.short = :short) AND "
+           "h.types_generation = h.generation) OR h.host_id IN (SELECT f.host_id FROM fleet_hosts u JOIN "
+           "fleet_capacity f ON f.host_id = u.host_id WHERE (u.types_generation IS NULL OR u.types_generation <> "
+           "u.generation) AND f.short = :short))")
 
 
 def page_hosts(s: Session, short: str | None, state: str | None, offset: int, limit: int) -> tuple[list[int], int]:
     """One page of hosts by name (offering `short`, in `state`), and how many match."""
     where, params = ["true"], {"limit": limit, "offset": offset}
     if short:
-        where.append("EXISTS (SELECT 1 FROM fleet_capacity f WHERE f.host_id = h.host_id AND f.short = :short)")
+        where.append(_OFFERS)
         params["short"] = short
     if state:
-        where.append(_STATE[state].format(fresh=_FRESH[_dialect(s)]))
+        where.append(_STATE[state].format(ids=_stale_ids(s)))
     base = (f"FROM fleet_hosts h JOIN hosts n ON n.id = h.host_id LEFT JOIN host_cordons c ON c.host_id = h.host_id "
             f"WHERE {' AND '.join(where)}")
     matching = int(s.execute(text(f"SELECT count(*) {base}"), params).scalar() or 0)

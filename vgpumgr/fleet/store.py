@@ -165,15 +165,18 @@ def offers(s: Session, wanted: str, host_ids: Iterable[int] | None = None) -> li
 
 def gpus(s: Session, host_ids: Iterable[int] | None = None) -> list[tuple[FleetGpu, int, int, int]]:
     """Published GPUs with, per GPU, (types offered, types with a free instance, free instances in all)."""
+    ids = None if host_ids is None else list(host_ids)
     c = FleetCapacity
-    counts = (select(c.host_id, c.gpu, func.count().label("types"),
+    grouped = select(c.host_id, c.gpu, func.count().label("types"),
                      func.sum(case((c.free > 0, 1), else_=0)).label("open"), func.sum(c.free).label("free"))
-              .group_by(c.host_id, c.gpu).subquery())
+    if ids is not None:  # in the grouping itself: the planner does not push it into a grouped subquery
+        grouped = grouped.where(c.host_id.in_(ids))
+    counts = grouped.group_by(c.host_id, c.gpu).subquery()
     q = (select(FleetGpu, counts.c.types, counts.c.open, counts.c.free)
          .outerjoin(counts, and_(counts.c.host_id == FleetGpu.host_id, counts.c.gpu == FleetGpu.address))
          .order_by(FleetGpu.host_id, FleetGpu.address))
-    if host_ids is not None:
-        q = q.where(FleetGpu.host_id.in_(list(host_ids)))
+    if ids is not None:
+        q = q.where(FleetGpu.host_id.in_(ids))
     return [(r[0], int(r[1] or 0), int(r[2] or 0), int(r[3] or 0)) for r in s.execute(q)]
 
 

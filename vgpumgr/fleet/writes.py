@@ -132,22 +132,22 @@ def _types_sql(pg: bool) -> tuple[str, ...]:
 # A change of a GPU this process already published moves only counts: the type rows' free, used and max, the
 # GPU's vGPUs and mode, the host's heartbeat. On PostgreSQL that is one statement (plain UPDATEs: a row whose
 # counts did not move is neither rewritten nor locked); a row missing there is healed by the next full publish.
+# The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
+# changed rows are read, not every row of the host's touched types.
 _PG_CHANGE = (
-    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], %(short)s::varchar[], "
-    "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, short, free, used, max)), "
-    "c AS (UPDATE fleet_capacity c SET free = v.free, used = v.used, max = v.max FROM v WHERE c.host_id = %(h)s "
-    "AND c.gpu = v.gpu AND c.type_id = v.type_id AND (c.free, c.used, c.max) IS DISTINCT FROM (v.free, v.used, v.max) "
-    "RETURNING 1), "
-    # the host's sums of the types it touched: its rows as they were, with the touched ones as they are now (a
-    # statement's parts all read the rows as they were before it)
-    "s AS (SELECT c.short, count(*) AS gpus, sum(CASE WHEN coalesce(v.free, c.free) > 0 THEN 1 ELSE 0 END) AS "
-    "open_gpus, sum(coalesce(v.free, c.free)) AS free, sum(coalesce(v.used, c.used)) AS used, "
-    "sum(coalesce(CASE WHEN v.gpu IS NULL THEN c.max ELSE v.max END, 0)) AS max FROM fleet_capacity c LEFT JOIN v "
-    "ON v.gpu = c.gpu AND v.type_id = c.type_id WHERE c.host_id = %(h)s AND c.short = ANY(%(short)s::varchar[]) "
-    "GROUP BY c.short), "
-    "t AS (UPDATE fleet_host_types t SET gpus = s.gpus, open_gpus = s.open_gpus, free = s.free, used = s.used, "
-    "max = s.max FROM s WHERE t.host_id = %(h)s AND t.short = s.short AND (t.gpus, t.open_gpus, t.free, t.used, "
-    "t.max) IS DISTINCT FROM (s.gpus, s.open_gpus, s.free, s.used, s.max) RETURNING 1), "
+    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
+    "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
+    "o AS (SELECT c.gpu, c.type_id, c.short, c.free AS was_free, c.used AS was_used, c.max AS was_max, v.free, "
+    "v.used, v.max FROM fleet_capacity c JOIN v ON c.gpu = v.gpu AND c.type_id = v.type_id WHERE c.host_id = "
+    "%(h)s AND (c.free, c.used, c.max) IS DISTINCT FROM (v.free, v.used, v.max) FOR UPDATE OF c), "
+    "c AS (UPDATE fleet_capacity c SET free = o.free, used = o.used, max = o.max FROM o WHERE c.host_id = %(h)s "
+    "AND c.gpu = o.gpu AND c.type_id = o.type_id RETURNING 1), "
+    "d AS (SELECT short, sum(CASE WHEN free > 0 THEN 1 ELSE 0 END - CASE WHEN was_free > 0 THEN 1 ELSE 0 END) AS "
+    "open_gpus, sum(free - was_free) AS free, sum(used - was_used) AS used, "
+    "sum(coalesce(max, 0) - coalesce(was_max, 0)) AS max FROM o GROUP BY short), "
+    "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + d.open_gpus, free = t.free + d.free, "
+    "used = t.used + d.used, max = t.max + d.max FROM d WHERE t.host_id = %(h)s AND t.short = d.short AND "
+    "(d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0) RETURNING 1), "
     "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, published_at = now() FROM unnest(%(address)s::"
     "varchar[], %(vgpus)s::int[], %(mode)s::varchar[]) AS u(address, vgpus, mode) WHERE g.host_id = %(h)s AND "
     "g.address = u.address RETURNING 1) "
@@ -258,7 +258,7 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
     if _pg(s):
         _run(s, "change" if host else "counts", {
             "h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
-            "short": [t.short for _, t in types], "free": [t.free for _, t in types],
+            "free": [t.free for _, t in types],
             "used": [t.used for _, t in types], "max": [t.max for _, t in types],
             "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
             "gpus": gpu_count, "total": vgpus})

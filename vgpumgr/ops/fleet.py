@@ -121,10 +121,12 @@ def grid(svc: Context, type_name: str | None = None, state: str | None = None, p
     wanted = store.type_match(type_name) if type_name else None
     with svc.reads() as s:
         counts = ranked.page_counts(s)
-        _ids, matching = ranked.page_hosts(s, wanted, state, 0, 0)
+        page = max(1, page)
+        ids_, matching = ranked.page_hosts(s, wanted, state, (page - 1) * per_page, per_page)
         pages = max(1, -(-matching // per_page))
-        page = min(max(1, page), pages)
-        ids_, _n = ranked.page_hosts(s, wanted, state, (page - 1) * per_page, per_page)
+        if page > pages:  # past the last page: the last one
+            page = pages
+            ids_, matching = ranked.page_hosts(s, wanted, state, (page - 1) * per_page, per_page)
         shown = store.hosts(s, ids_)
         gpus_of: dict[int, list[dict[str, Any]]] = {}
         for g, types, open_types, _free in store.gpus(s, ids_):
