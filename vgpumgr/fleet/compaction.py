@@ -131,15 +131,14 @@ def options(gpus: Sequence[FullGpu], held_by: dict[tuple[int, str], list[Held]],
 def _placements(g: FullGpu, mine: list[Held], arch: str, max_moves: int | None
                 ) -> list[tuple[int, list[Held]]] | None:
     """A mixed-size GPU: each start of the type that migrations can free, with the vGPUs in its way, fewest
-    first; None when the GPU is full (not fragmented: only emptying makes room)."""
+    first; None when no start can be. The GPU need not have the type's GB free now: the moves free them (a
+    GPU too full for the type only by what sits in one start's way is as good a candidate as a fragmented one)."""
     if not g.region_mb:
         return None
     region, size_gb = g.region_mb // 1024, max((g.framebuffer_mb or 0) // 1024, 1)
     size = pid.placement_size(region, size_gb, arch)
     taken = [(int(h.start), pid.placement_size(region, max((h.framebuffer_mb or 1024) // 1024, 1), arch),
               str(i)) for i, h in enumerate(mine) if h.start is not None]
-    if region - sum(t[1] for t in taken) < size:
-        return None  # full, not fragmented: only emptying makes room
     found = pid.every_start(pid.supported(region, size_gb, g.max, arch), size,
                             [(at, sz, tag if mine[int(tag)].vm and mine[int(tag)].active else None)
                              for at, sz, tag in taken])
