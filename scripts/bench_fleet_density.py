@@ -7,10 +7,12 @@ Rows, per trace:
 (b) vgpumgr's placement: `fleet place`'s `pack` (the host with the fewest free instances of the size, as the
     hosts publish them: creatable placements), then that host's own placement (`placement.ids.choose` and
     `pack_order`, as bench_mixed.py's (c) row, which a test replays through `placement.place`);
-(c) (b), and when an arrival is refused, `fleet compact`'s plan with at most k migrations (k = 1, 2, 4): of every
-    GPU, the start of the size with the fewest VMs in the way (`placement.ids.fewest_moves`), each of those VMs
-    placed by (b) on another host; the first such GPU (fewest moves, then GB) whose VMs all find room is freed
-    and the arrival takes the start. Every migration is counted;
+(c) (b), and when an arrival is refused, `fleet compact`'s plan with at most k migrations (k = 1, 2, 4): the
+    product's options (`fleet.compaction.options`: every start of the size, on every GPU with none free, that
+    at most k migrations free, fewest moves then fewest GB first, the first `fleet_compact.TRIED` of them), each
+    of the VMs in the way placed by (b) on another host (never the host being freed, at most
+    `fleet_compact.PER_HOST` moves into one host); the first option whose VMs all find room is applied and the
+    arrival takes the start. Every migration is counted;
 (d) the offline bound: the first arrival at which the VMs present need more GB than the GPUs have, or cannot be
     packed on them even placed afresh (bench_mixed.upper_bound, over 64 GPUs; a search that runs out of budget
     does not end the prefix, so the bound stays a bound). No policy, with any number of migrations, accepts
