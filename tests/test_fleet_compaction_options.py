@@ -5,13 +5,18 @@ bench (scripts/bench_fleet_density.py) plans with the same function."""
 
 from __future__ import annotations
 
-import os
-import sys
+import importlib.util
+from pathlib import Path
 
 from vgpumgr.fleet.compaction import EMPTY, PLACEMENT, FullGpu, Held, options
 from vgpumgr.placement import ids as pid
 
 GB = 1024
+_SPEC = importlib.util.spec_from_file_location("bench_fleet_density",
+                                               Path(__file__).parent.parent / "scripts" / "bench_fleet_density.py")
+assert _SPEC and _SPEC.loader
+fd = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(fd)
 
 
 def _gpu(want_gb: int, vgpus: int, host: str = "host-a", host_id: int = 1) -> FullGpu:
@@ -61,9 +66,6 @@ def test_the_density_bench_plans_with_these_options_where_the_fewest_start_alone
     go) and none for 16 GB; every other GPU is full. The 16 GB VM has nowhere to go, the two 8 GB VMs have: the
     plan moves them and the 24 GB arrival takes start 24. Before, the GPU (12 GB free of 24) was not even a
     candidate: only emptying it (four moves) was."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import bench_fleet_density as fd
-
     full = [(0, 24, 90), (24, 24, 91)]
     fleet = [[[(0, 16, 1), (20, 4, 4), (24, 8, 2), (40, 8, 3)], list(full), list(full), list(full)],
              [[(0, 24, 92), (40, 8, 93)], [(0, 24, 94), (40, 8, 95)], list(full), list(full)]]
