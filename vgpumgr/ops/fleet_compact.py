@@ -58,7 +58,7 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
         by_host = {h: compaction.vm_counts(s, h, sorted(v)) for h, v in vms.items()}
         counts = {o: {vm: by_host[o.host_id][vm] for vm in o.vms if vm in by_host[o.host_id]} for o in found[:TRIED]}
     blocked: list[str] = []
-    asked: dict[str, Any] = {}  # VM -> `fleet place --vm`'s answer (or its error): the same for every option
+    asked: dict[Any, Any] = {}  # VM -> `fleet place --vm`'s answer (or its error); (type, count) -> its hosts
     for o in found[:TRIED]:
         moves = _destinations(svc, o, counts[o], per_host, blocked, asked)
         if moves is not None:
@@ -77,15 +77,19 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
 
 
 def _destinations(svc: Context, o: compaction.Option, counts: dict[str, dict[str, int]], per_host: int,
-                  blocked: list[str], asked: dict[str, Any]) -> list[dict[str, Any]] | None:
+                  blocked: list[str], asked: dict[Any, Any]) -> list[dict[str, Any]] | None:
     from vgpumgr.ops import fleet as fleet_ops
 
     planned: dict[tuple[str, str], int] = {}
     into: dict[str, int] = {}
     moves = []
-    for vm in o.vms:
+    wants = [(vm, *max((counts.get(vm) or {o.type_name: 1}).items(), key=lambda kv: kv[1])) for vm in o.vms]
+    for vm, vgpu_type, n in wants:
+        if not _anywhere_else(svc, store.type_match(vgpu_type), n, o.host, asked):
+            blocked.append(f"VM {vm} on {o.host}: no other host has room for {n} {store.type_match(vgpu_type)}")
+            return None
+    for vm, vgpu_type, n in wants:
         kinds = counts.get(vm) or {o.type_name: 1}
-        vgpu_type, n = max(kinds.items(), key=lambda kv: kv[1])
         if vm not in asked:
             try:
                 asked[vm] = fleet_ops.place(svc, FleetRequest(store.type_match(vgpu_type), vm=vm, count=n),
@@ -112,6 +116,24 @@ def _destinations(svc: Context, o: compaction.Option, counts: dict[str, dict[str
                                                          "its destinations are taken by the plan's other moves"))
             return None
     return moves
+
+
+def _anywhere_else(svc: Context, short: str, n: int, home: str, asked: dict[Any, Any]) -> bool:
+    """Whether any host but `home` could take `n` of the type now, asked once per type and count: a VM's own
+    destinations are among those hosts (NVIDIA's migration rules only take hosts away), so a VM whose type
+    has none is not asked for one, and an option moving it is dropped without a lookup per VM."""
+    from vgpumgr.ops import fleet as fleet_ops
+
+    key = ("type", short, n)
+    if key not in asked:
+        try:
+            asked[key] = fleet_ops.place(svc, FleetRequest(short, count=n), hint=False).ranked
+        except VgpuError:
+            asked[key] = None  # not known: each VM is asked, and says why
+    if asked[key] is None:
+        return True
+    nvidia = parse_type_name(short) is not None
+    return any(c.host != home and c.free >= n and (not nvidia or c.free_gpus >= n) for c in asked[key])
 
 
 def apply(svc: Context, p: dict[str, Any], actor: str | None = None) -> dict[str, Any]:
