@@ -7,10 +7,12 @@ Rows, per trace:
 (b) vgpumgr's placement: `fleet place`'s `pack` (the host with the fewest free instances of the size, as the
     hosts publish them: creatable placements), then that host's own placement (`placement.ids.choose` and
     `pack_order`, as bench_mixed.py's (c) row, which a test replays through `placement.place`);
-(c) (b), and when an arrival is refused, `fleet compact`'s plan with at most k migrations (k = 1, 2, 4): of every
-    GPU, the start of the size with the fewest VMs in the way (`placement.ids.fewest_moves`), each of those VMs
-    placed by (b) on another host; the first such GPU (fewest moves, then GB) whose VMs all find room is freed
-    and the arrival takes the start. Every migration is counted;
+(c) (b), and when an arrival is refused, `fleet compact`'s plan with at most k migrations (k = 1, 2, 4): the
+    product's options (`fleet.compaction.options`: every start of the size, on every GPU with none free, that
+    at most k migrations free, fewest moves then fewest GB first, the first `fleet_compact.TRIED` of them), each
+    of the VMs in the way placed by (b) on another host (never the host being freed, at most
+    `fleet_compact.PER_HOST` moves into one host); the first option whose VMs all find room is applied and the
+    arrival takes the start. Every migration is counted;
 (d) the offline bound: the first arrival at which the VMs present need more GB than the GPUs have, or cannot be
     packed on them even placed afresh (bench_mixed.upper_bound, over 64 GPUs; a search that runs out of budget
     does not end the prefix, so the bound stays a bound). No policy, with any number of migrations, accepts
@@ -31,19 +33,22 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bench_mixed as bm  # noqa: E402
 
+from vgpumgr.fleet import compaction  # noqa: E402
+from vgpumgr.ops import fleet_compact  # noqa: E402
 from vgpumgr.placement import ids as pid  # noqa: E402
 
 HOSTS, PER_HOST, REGION = 16, 4, 48
 KS = (1, 2, 4)
 Fleet = list[list[bm.Gpu]]  # hosts -> GPUs -> (placement id, size, vm)
-Placer = Callable[[Fleet, int, int | None], tuple[int, int, int] | None]  # -> (host, gpu, placement id)
+HeldBy = dict[tuple[int, str], list[compaction.Held]]
+Placer = Callable[[Fleet, int, Collection[int]], tuple[int, int, int] | None]  # -> (host, gpu, placement id)
 
 
 def _taken(g: bm.Gpu) -> list[tuple[int, int]]:
@@ -53,9 +58,9 @@ def _taken(g: bm.Gpu) -> list[tuple[int, int]]:
 def first_free() -> Placer:
     table = bm.slots(REGION)
 
-    def place(fleet: Fleet, size: int, exclude: int | None = None) -> tuple[int, int, int] | None:
+    def place(fleet: Fleet, size: int, exclude: Collection[int] = ()) -> tuple[int, int, int] | None:
         for h, gpus in enumerate(fleet):
-            if h == exclude:
+            if h in exclude:
                 continue
             for i, g in enumerate(gpus):
                 p = pid.first_free(REGION, _taken(g), table[size], size)
@@ -71,10 +76,10 @@ def vgpumgr_fleet() -> Placer:
     table = bm.slots(REGION)
     host_choice = bm.vgpumgr_policy(REGION)
 
-    def place(fleet: Fleet, size: int, exclude: int | None = None) -> tuple[int, int, int] | None:
+    def place(fleet: Fleet, size: int, exclude: Collection[int] = ()) -> tuple[int, int, int] | None:
         best: tuple[tuple[int, int], int] | None = None
         for h, gpus in enumerate(fleet):
-            if h == exclude:
+            if h in exclude:
                 continue
             free = sum(len(pid.creatable(REGION, table[size], size, _taken(g))) for g in gpus)
             if free and (best is None or (free, h) < best[0]):
@@ -93,31 +98,48 @@ def _put(fleet: Fleet, at: tuple[int, int, int], size: int, vm: int, where: dict
     where[vm] = (h, i)
 
 
+def _full_gpus(fleet: Fleet, size: int) -> tuple[list[compaction.FullGpu], HeldBy]:
+    """The fleet as `fleet compact` reads it from the hosts' published rows and live allocations: each GPU
+    with no free start of the size, and its vGPUs (placement ID vgpumgr chose, framebuffer, running VM)."""
+    table = bm.slots(REGION)
+    gpus, held = [], {}
+    for h, host in enumerate(fleet):
+        for i, g in enumerate(host):
+            if not g or pid.creatable(REGION, table[size], size, _taken(g)):
+                continue
+            gpus.append(compaction.FullGpu(h, f"host-{h:02d}", f"gpu{i}", f"L40S-{size}Q", size * 1024,
+                                           REGION * 1024, pid.equal_max(REGION, size), "mixed", len(g)))
+            held[(h, f"gpu{i}")] = [compaction.Held(str(vm), f"L40S-{s}Q", True, p, s * 1024) for p, s, vm in g]
+    gpus.sort(key=lambda g: (g.vgpus, g.host, g.gpu))
+    return gpus[:compaction.CANDIDATES], held
+
+
 def compact(fleet: Fleet, size: int, k: int, place: Placer, where: dict[int, tuple[int, int]]
             ) -> tuple[tuple[int, int, int], int] | None:
     """`fleet compact`'s plan for one refused arrival, applied to `fleet` when it works: ((host, gpu, start) the
-    arrival takes, migrations made); None (nothing changed) when no plan of at most k moves works."""
-    table = bm.slots(REGION)
-    options = []
-    for h, gpus in enumerate(fleet):
-        for i, g in enumerate(gpus):
-            found = pid.fewest_moves(table[size], size, g)
-            if found is not None and 0 < found[0] <= k:
-                options.append((found[0], found[1], h, i, found[2], found[3]))
-    for _n, _gb, h, i, start, way in sorted(options):
+    arrival takes, migrations made); None (nothing changed) when no plan of at most k moves works. The options
+    are the product's (`fleet.compaction.options`: every start of every full GPU that at most k migrations
+    free, fewest moves first, the first `TRIED` of them tried); each VM goes where `fleet place` sends it
+    (never the host being freed, at most `PER_HOST` moves into one host), as `ops.fleet_compact` plans."""
+    gpus, held = _full_gpus(fleet, size)
+    for o in compaction.options(gpus, held, k)[:fleet_compact.TRIED]:
+        h, i = o.host_id, int(o.gpu.removeprefix("gpu"))
         trial = [[list(g) for g in gpus] for gpus in fleet]
         moved = dict(where)
+        way = [x for x in trial[h][i] if str(x[2]) in o.vms]
         trial[h][i] = [x for x in trial[h][i] if x not in way]
-        for _p, s, vm in sorted(way, key=lambda v: -v[1]):  # the largest first: the hardest to place
-            to = place(trial, s, h)
+        into: dict[int, int] = {}
+        for _p, s, vm in way:
+            to = place(trial, s, {h} | {d for d, n in into.items() if n >= fleet_compact.PER_HOST})
             if to is None:
                 break
+            into[to[0]] = into.get(to[0], 0) + 1
             _put(trial, to, s, vm, moved)
         else:
             fleet[:] = trial
             where.clear()
             where.update(moved)
-            return (h, i, start), len(way)
+            return (h, i, int(o.start or 0)), len(way)
     return None
 
 
@@ -134,7 +156,7 @@ def replay(events: Sequence[bm.Event], place: Placer, k: int = 0) -> tuple[int, 
                 fleet[h][i] = [x for x in fleet[h][i] if x[2] != vm]
             continue
         arrivals += 1
-        got = place(fleet, size, None)
+        got = place(fleet, size, ())
         if got is None and k:
             plan = compact(fleet, size, k, place, where)
             if plan is not None:

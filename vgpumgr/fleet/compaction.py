@@ -2,8 +2,9 @@
 
 From what the hosts share (their published rows and the live allocations' records), for every GPU of a fresh,
 uncordoned host that offers the type but has no free instance of it, the VMs that must move off it:
-- a GPU in mixed-size mode whose vGPUs all have the placement ID vgpumgr chose: the VMs in the way of the start of
-  the type that needs the fewest moves (`placement.ids.fewest_moves`, as `gpu compact`);
+- a GPU in mixed-size mode whose vGPUs all have the placement ID vgpumgr chose: for every start of the type that
+  at most --max-moves migrations free, the VMs in its way (`placement.ids.every_start`): not only the start
+  needing the fewest (as `gpu compact`), whose VMs may have nowhere to go while another start's do;
 - any other GPU (equal-size mode holding a stray vGPU of another size, MIG mode, a placement not known): all of
   its VMs, which leaves it empty, and an empty GPU of its model takes the type (its published maximum is > 0).
 A vGPU without a VM, or whose VM does not run (its allocation is not active), cannot be moved by a live
@@ -105,7 +106,8 @@ def vm_counts(s: Session, host_id: int, vms: Sequence[str]) -> dict[str, dict[st
 
 def options(gpus: Sequence[FullGpu], held_by: dict[tuple[int, str], list[Held]], max_moves: int | None
             ) -> list[Option]:
-    """Pure: for each GPU, the VMs that must leave it for the type to fit; fewest moves first."""
+    """Pure: for each GPU, each way to make room for the type (every start of it that at most `max_moves`
+    migrations free, or emptying the GPU), with the VMs that must leave; fewest moves first."""
     from vgpumgr.placement.mixed import _arch
 
     out = []
@@ -113,35 +115,34 @@ def options(gpus: Sequence[FullGpu], held_by: dict[tuple[int, str], list[Held]],
         mine = held_by.get((g.host_id, g.gpu)) or []
         if not mine or not g.framebuffer_mb:
             continue
-        found = _placement(g, mine, _arch(g.name)) if all(h.start is not None for h in mine) else None
-        if found is not None:
-            how, start, way = PLACEMENT, found[0], found[1]
-        else:
-            how, start, way = EMPTY, None, list(mine)
-        if not way or any(h.vm is None or not h.active for h in way):
-            continue  # a start or a GPU that only moves that cannot be made free
-        vms = tuple(dict.fromkeys(h.vm for h in way if h.vm))
-        if max_moves is not None and len(vms) > max_moves:
-            continue
-        gb = sum((h.framebuffer_mb or 0) for h in way) // 1024
-        out.append(Option(len(vms), gb, g.host, g.gpu, how, start, vms, g.host_id, g.name))
-    return sorted(out, key=lambda o: (o.moves, o.gb, o.host, o.gpu))
+        found = _placements(g, mine, _arch(g.name), max_moves) if all(h.start is not None for h in mine) else None
+        ways = [(PLACEMENT, start, way) for start, way in found] if found is not None else [(EMPTY, None, list(mine))]
+        for how, start, way in ways:
+            if not way or any(h.vm is None or not h.active for h in way):
+                continue  # a start or a GPU that only moves that cannot be made free
+            vms = tuple(dict.fromkeys(h.vm for h in way if h.vm))
+            if max_moves is not None and len(vms) > max_moves:
+                continue
+            gb = sum((h.framebuffer_mb or 0) for h in way) // 1024
+            out.append(Option(len(vms), gb, g.host, g.gpu, how, start, vms, g.host_id, g.name))
+    return sorted(out, key=lambda o: (o.moves, o.gb, o.host, o.gpu, o.start or 0))
 
 
-def _placement(g: FullGpu, mine: list[Held], arch: str) -> tuple[int, list[Held]] | None:
-    """A mixed-size GPU: the start of the type whose vGPUs in the way are fewest (those vGPUs)."""
+def _placements(g: FullGpu, mine: list[Held], arch: str, max_moves: int | None
+                ) -> list[tuple[int, list[Held]]] | None:
+    """A mixed-size GPU: each start of the type that migrations can free, with the vGPUs in its way, fewest
+    first; None when no start can be. The GPU need not have the type's GB free now: the moves free them (a
+    GPU too full for the type only by what sits in one start's way is as good a candidate as a fragmented one)."""
     if not g.region_mb:
         return None
     region, size_gb = g.region_mb // 1024, max((g.framebuffer_mb or 0) // 1024, 1)
     size = pid.placement_size(region, size_gb, arch)
     taken = [(int(h.start), pid.placement_size(region, max((h.framebuffer_mb or 1024) // 1024, 1), arch),
               str(i)) for i, h in enumerate(mine) if h.start is not None]
-    if region - sum(t[1] for t in taken) < size:
-        return None  # full, not fragmented: only emptying makes room
-    best = pid.fewest_moves(pid.supported(region, size_gb, g.max, arch), size,
+    found = pid.every_start(pid.supported(region, size_gb, g.max, arch), size,
                             [(at, sz, tag if mine[int(tag)].vm and mine[int(tag)].active else None)
                              for at, sz, tag in taken])
-    if best is None:
+    if not found:
         return None
-    _n, _gb, start, way = best
-    return start, [mine[int(tag)] for _at, _sz, tag in way if tag is not None]
+    found = [f for f in found if max_moves is None or f[0] <= max_moves]
+    return [(start, [mine[int(tag)] for _at, _sz, tag in way if tag is not None]) for _n, _gb, start, way in found]

@@ -27,7 +27,7 @@ from vgpumgr.ops.context import Context
 COMPACT = "fleet.compact"
 MAX_MOVES = 8
 PER_HOST = 2
-TRIED = 20  # options whose destinations are looked for before giving up
+TRIED = 200  # options whose destinations are looked for before giving up (each VM's asked for once per plan)
 
 
 def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per_host: int = PER_HOST,
@@ -52,10 +52,15 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
         gpus = compaction.full_gpus(s, short)
         held = compaction.held(s, sorted({g.host_id for g in gpus}))
         found = compaction.options(gpus, held, max_moves)
-        counts = {o: compaction.vm_counts(s, o.host_id, o.vms) for o in found[:TRIED]}
+        vms: dict[int, set[str]] = {}
+        for o in found[:TRIED]:
+            vms.setdefault(o.host_id, set()).update(o.vms)
+        by_host = {h: compaction.vm_counts(s, h, sorted(v)) for h, v in vms.items()}
+        counts = {o: {vm: by_host[o.host_id][vm] for vm in o.vms if vm in by_host[o.host_id]} for o in found[:TRIED]}
     blocked: list[str] = []
+    asked: dict[Any, Any] = {}  # VM -> `fleet place --vm`'s answer (or its error); (type, count) -> its hosts
     for o in found[:TRIED]:
-        moves = _destinations(svc, o, counts[o], per_host, blocked)
+        moves = _destinations(svc, o, counts[o], per_host, blocked, asked)
         if moves is not None:
             what = (f"frees placement ID {o.start} of {short}" if o.how == compaction.PLACEMENT
                     else f"empties it for {short}")
@@ -72,19 +77,28 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
 
 
 def _destinations(svc: Context, o: compaction.Option, counts: dict[str, dict[str, int]], per_host: int,
-                  blocked: list[str]) -> list[dict[str, Any]] | None:
+                  blocked: list[str], asked: dict[Any, Any]) -> list[dict[str, Any]] | None:
     from vgpumgr.ops import fleet as fleet_ops
 
     planned: dict[tuple[str, str], int] = {}
     into: dict[str, int] = {}
     moves = []
-    for vm in o.vms:
+    wants = [(vm, *max((counts.get(vm) or {o.type_name: 1}).items(), key=lambda kv: kv[1])) for vm in o.vms]
+    for vm, vgpu_type, n in wants:
+        if not _anywhere_else(svc, store.type_match(vgpu_type), n, o.host, asked):
+            blocked.append(f"VM {vm} on {o.host}: no other host has room for {n} {store.type_match(vgpu_type)}")
+            return None
+    for vm, vgpu_type, n in wants:
         kinds = counts.get(vm) or {o.type_name: 1}
-        vgpu_type, n = max(kinds.items(), key=lambda kv: kv[1])
-        try:
-            d = fleet_ops.place(svc, FleetRequest(store.type_match(vgpu_type), vm=vm, count=n), hint=False)
-        except VgpuError as e:
-            blocked.append(f"VM {vm} on {o.host}: {e.message}")
+        if vm not in asked:
+            try:
+                asked[vm] = fleet_ops.place(svc, FleetRequest(store.type_match(vgpu_type), vm=vm, count=n),
+                                            hint=False)
+            except VgpuError as e:
+                asked[vm] = e
+        d = asked[vm]
+        if isinstance(d, VgpuError):
+            blocked.append(f"VM {vm} on {o.host}: {d.message}")
             return None
         short = store.type_match(vgpu_type)
         nvidia = parse_type_name(vgpu_type) is not None
@@ -102,6 +116,24 @@ def _destinations(svc: Context, o: compaction.Option, counts: dict[str, dict[str
                                                          "its destinations are taken by the plan's other moves"))
             return None
     return moves
+
+
+def _anywhere_else(svc: Context, short: str, n: int, home: str, asked: dict[Any, Any]) -> bool:
+    """Whether any host but `home` could take `n` of the type now, asked once per type and count: a VM's own
+    destinations are among those hosts (NVIDIA's migration rules only take hosts away), so a VM whose type
+    has none is not asked for one, and an option moving it is dropped without a lookup per VM."""
+    from vgpumgr.ops import fleet as fleet_ops
+
+    key = ("type", short, n)
+    if key not in asked:
+        try:
+            asked[key] = fleet_ops.place(svc, FleetRequest(short, count=n), hint=False).ranked
+        except VgpuError:
+            asked[key] = None  # not known: each VM is asked, and says why
+    if asked[key] is None:
+        return True
+    nvidia = parse_type_name(short) is not None
+    return any(c.host != home and c.free >= n and (not nvidia or c.free_gpus >= n) for c in asked[key])
 
 
 def apply(svc: Context, p: dict[str, Any], actor: str | None = None) -> dict[str, Any]:
