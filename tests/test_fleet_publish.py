@@ -161,3 +161,54 @@ def test_each_change_publishes_by_default_on_postgresql_and_only_the_heartbeat_o
     assert _row(svc, T4, "T4-4Q") == ((3, 1) if shared else (4, 0))
     svc.publish_fleet()
     assert _row(svc, T4, "T4-4Q") == (3, 1)
+
+
+def test_a_full_publish_and_a_change_of_one_host_at_once_do_not_deadlock(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes of one host (the service, a hook or the CLI) publish into the same rows in two orders: a full
+    publish the GPU row, then the capacity rows; a change the capacity rows, then the GPU row. Held apart only by
+    the host lock before (CI once saw the deadlock); here the full publish is stopped between the two while the
+    change runs."""
+    import threading
+
+    from vgpumgr.fleet import writes
+
+    if not fresh_db_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time")
+    full = _service(tmp_path, fresh_db_url, monkeypatch, "pub-k")
+    change = Service(full.cfg, licence_mode="off")  # a second process of the same host
+    full.publish_fleet()
+    change.publish_fleet()  # it has written the GPU: its next publish of it is a change (one statement)
+    full.host.write(full.host.mdev_type(T4, "nvidia-232") / "create", "6a0e4c1d-3b5f-4e8a-9c2d-7f1b0a9e8d7c")
+    for svc in (full, change):  # both now publish new counts of the GPU: both write the same rows
+        svc.snapshot(refresh=True)
+    midway, go, errors = threading.Event(), threading.Event(), []
+    run_sql = writes._run
+
+    def paused(s: object, name: str, *a: object, **kw: object) -> None:
+        if threading.current_thread().name == "full" and name == "capacity":  # the GPU row written, not these
+            midway.set()
+            go.wait(10)
+        run_sql(s, name, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writes, "_run", paused)
+
+    def run(svc: Service, is_full: bool) -> None:
+        try:
+            with svc.tx() as s:
+                svc.fleet.mark(T4)
+                svc.fleet.publish(s, full=is_full)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    a = threading.Thread(target=run, args=(full, True), name="full")
+    a.start()
+    assert midway.wait(10)
+    b = threading.Thread(target=run, args=(change, False), name="change")
+    b.start()
+    b.join(2)  # the change now waits for the full publish (without the publish lock: for its rows)
+    go.set()
+    a.join(30)
+    b.join(30)
+    assert not a.is_alive() and not b.is_alive()
+    assert errors == []

@@ -125,6 +125,7 @@ class Publisher:
         s.info.setdefault(_ON_ROLLBACK, []).append(lambda: self._forget(caps, everything))
         host_id = self.ctx.host_id(s)
         gpu_count, vgpus = sum(1 for g in inv.gpus if not g.is_vf), len(inv.mdevs) + len(inv.vf_vgpus)
+        writes.lock_host(s, host_id)
         if rows or everything:
             writes.write_gpus(s, host_id, rows, prune_types=True)
             if heal:

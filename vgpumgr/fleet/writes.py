@@ -240,6 +240,19 @@ class HostFacts:
     stale_after_s: float
 
 
+# 0x76677075 ("vgpu"): the advisory lock space of a host's publishes
+_PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
+
+
+def lock_host(s: Session, host_id: int) -> None:
+    """One publish of a host at a time, until its transaction ends (PostgreSQL). Its processes (the service, a
+    hook, the CLI) publish into the same rows in two orders: a change locks the host row first (the change
+    statement's own UPDATE runs before its CTEs), a full publish its GPUs and capacity first; two of them at once
+    could deadlock. SQLite has one writer at a time already."""
+    if _pg(s):
+        _run(s, "lock", {"h": host_id}, sql=_PUBLISH_LOCK)
+
+
 def write_host(s: Session, host_id: int, facts: HostFacts, gpus: int, vgpus: int) -> None:
     """This host's row, heartbeat now, one generation further."""
     values = {"host_id": host_id, "endpoint": facts.endpoint, "migration_uri": facts.migration_uri,
