@@ -121,6 +121,10 @@ def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, st
 
 
 def hint(c: Mapping[str, Any]) -> str:
+    cut = (f"the fleet's plan search was cut short: `{c['full_plan']}` searches every GPU and destination"
+           if c.get("cut_short") else "")
+    if c.get("host") is None:
+        return cut or "no GPU can be freed"
     n = c["moves"]
     vms = f"{n} VM{'s' if n != 1 else ''}"
     if c.get("how") in (None, "placement") and c.get("start") is not None:
@@ -131,4 +135,4 @@ def hint(c: Mapping[str, Any]) -> str:
     if c.get("plan") and c.get("how") != "placement":
         moves = ", ".join(f"{m['vm']} to {m['to']}" for m in c["plan"])
         text += f": `vgpumgr fleet compact --for {c['type']} --apply` (on {c['host']}) moves {moves}"
-    return text
+    return f"{text}; {cut}" if cut else text
