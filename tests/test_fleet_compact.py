@@ -76,7 +76,7 @@ def test_the_fewest_moves_across_hosts_make_room_and_the_type_then_places(fleet:
     assert rc == 4 and hint["cut_short"] and hint["full_plan"] == "vgpumgr fleet compact --for L40S-24Q"
     assert (hint["host"], hint["how"], hint["moves"], hint["plan"]) == ("host-a", "placement", 2, None)
     rc, _, err = _cli(a, monkeypatch, "fleet", "place", "--type", "L40S-24Q")
-    assert rc == 4 and "plan search was cut short: `vgpumgr fleet compact --for L40S-24Q` searches" in err
+    assert rc == 4 and "plan search was cut short: `vgpumgr fleet compact --for L40S-24Q` gives the full plan" in err
     assert "gpu compact 0000:3d:00.0 --for L40S-24Q` (on host-a) frees a start by moving 2 VMs" in err
     p = a.svc.fleet_compact_plan("L40S-24Q", fits_check=False, lookups=1)
     assert not p["feasible"] and p["cut_short"] and "cut short after 1 destination lookup(s), 0 of" in p["why"]

@@ -125,7 +125,7 @@ def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, st
 
 
 def hint(c: Mapping[str, Any]) -> str:
-    cut = (f"the fleet's plan search was cut short: `{c['full_plan']}` searches every GPU and destination"
+    cut = (f"the fleet's plan search was cut short: `{c['full_plan']}` gives the full plan"
            if c.get("cut_short") else "")
     if c.get("host") is None:
         return cut or "no GPU can be freed"
