@@ -36,9 +36,9 @@ class GpuLoad(NamedTuple):
 
 
 def loads(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuLoad]:
-    """The hosts' GPUs without a free instance of the wanted type that hold vGPUs (the only ones `suggest` can
-    judge): the type's rows found by its index, and only those GPUs' other rows summed (not every row of every
-    host: at 10,000 hosts that grouped the rows of 1,000 hosts, about 166 ms)."""
+    """The hosts' GPUs without a free instance of the wanted type that hold vGPUs and have its GB free (`roomy`,
+    the only ones `suggest` can judge): the type's rows found by its index, and only those GPUs' other rows summed
+    (not every row of every host: at 10,000 hosts that grouped the rows of 1,000 hosts, about 166 ms)."""
     if not host_ids:
         return []
     sql = text("SELECT c.host_id, c.gpu, max(x.framebuffer_mb), sum(x.used * coalesce(x.framebuffer_mb, 0)), "
@@ -46,7 +46,9 @@ def loads(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuLoad]:
                "JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu "
                "JOIN fleet_capacity x ON x.host_id = c.host_id AND x.gpu = c.gpu "
                "WHERE c.short = :short AND c.host_id IN :ids AND c.free = 0 AND g.vgpus > 0 "
-               "GROUP BY c.host_id, c.gpu, c.free, c.max, c.name, c.framebuffer_mb ORDER BY c.host_id, c.gpu"
+               "GROUP BY c.host_id, c.gpu, c.free, c.max, c.name, c.framebuffer_mb "
+               "HAVING max(x.framebuffer_mb) - sum(x.used * coalesce(x.framebuffer_mb, 0)) >= c.framebuffer_mb "
+               "ORDER BY c.host_id, c.gpu"
                ).bindparams(bindparam("ids", expanding=True))
     return [GpuLoad(r[0], r[1], r[2], int(r[3] or 0), int(r[4] or 0), r[5], r[6], r[7])
             for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]
