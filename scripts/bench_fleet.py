@@ -16,7 +16,7 @@ services (`python -m api.server`, tests/fleethosts.py) beat every 2 s.
 - place: `Service.fleet_place` (the reads and the pure placer, what `vgpumgr fleet place` and
   GET /v1/fleet/place run), over random types and both policies; and the same through one service's REST socket.
   And `place` for a type every A100 host offers and none has room for (NO_ROOM_TYPE), where it also names the
-  fragmented GPU and plans the fleet's compaction.
+  fragmented GPU and plans the fleet's compaction; and that plan alone (`fleet compact --for NO_ROOM_TYPE`).
 - each read (vgpumgr.fleet.ranked, store, compaction, fragmented) timed apart over one more round of `place`,
   `capacity` and the page (in process): which statement grows with the fleet.
 - capacity: `Service.fleet_capacity(type)` over random types, and `fleet_capacity()` (every type).
@@ -205,7 +205,8 @@ STATEMENTS = (("vgpumgr.fleet.ranked", ("host_count", "counts", "candidates", "i
                                         "page_counts", "page_hosts", "placeable_free")),
               ("vgpumgr.fleet.store", ("hosts", "offer_groups", "open_gpus", "capacity_by_host", "gpus",
                                        "slot_rows")),
-              ("vgpumgr.fleet.compaction", ("full_gpus", "held")), ("vgpumgr.fleet.fragmented", ("loads", "vgpus")))
+              ("vgpumgr.fleet.compaction", ("full_gpus", "held", "vm_counts")),
+              ("vgpumgr.fleet.fragmented", ("loads", "vgpus")), ("vgpumgr.ops.fleet_compact", ("plan", "_lookup")))
 
 
 class Statements:
@@ -403,6 +404,7 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
                    "rest_place_ms": rest_ms, "page_ms": page_ms,
                    "migrating_place_ms": quantiles(timed(migrate, max(10, queries // 10)))}
             row["no_room_place_ms"] = quantiles(timed(no_room, max(5, queries // 20)))
+            row["compact_plan_ms"] = quantiles(timed(lambda _: reader.fleet_compact_plan(NO_ROOM_TYPE), 5))
             with Statements() as st:  # one more round of each, its reads timed apart
                 for i in range(2 * len(TYPES)):
                     place(i)
@@ -484,6 +486,9 @@ def report(r: dict[str, Any]) -> None:
     print(f"\n`place` when no host has room ({NO_ROOM_TYPE}: the fragmentation hint and the fleet's compaction "
           "plan), p50/p99: " + ", ".join(f"{s['hosts']} hosts {s['no_room_place_ms']['p50']:.0f}/"
                                         f"{s['no_room_place_ms']['p99']:.0f} ms" for s in r["scales"]))
+    print(f"`fleet compact --for {NO_ROOM_TYPE}` (the plan, no budget), p50/max: " + ", ".join(
+        f"{s['hosts']} hosts {s['compact_plan_ms']['p50']:.0f}/{s['compact_plan_ms']['max']:.0f} ms"
+        for s in r["scales"] if "compact_plan_ms" in s))
     print("\neach read's p50 in ms (place over every type and policy, no-room place, capacity, the page in process):")
     labels = sorted({k for s in r["scales"] for k in s["statements"]})
     width = max(len(x) for x in labels)

@@ -68,6 +68,23 @@ def test_the_fewest_moves_across_hosts_make_room_and_the_type_then_places(fleet:
     rc, _, err = _cli(c, monkeypatch, "fleet", "place", "--type", "L40S-24Q")
     assert rc == 4 and "`vgpumgr fleet compact --for L40S-24Q --apply` (on host-b) moves stray to host-c" in err
 
+    # fleet place's hint searches with a budget of destination lookups: past it, it says so and names the command
+    # that searches every option (here one lookup: host-b's option needs two, its type's hosts and then stray's)
+    monkeypatch.setattr("vgpumgr.ops.fleet_compact.HINT_LOOKUPS", 1)
+    rc, out, _ = _cli(a, monkeypatch, "fleet", "place", "--type", "L40S-24Q", "--json")
+    hint = json.loads(out)["compact"]
+    assert rc == 4 and hint["cut_short"] and hint["full_plan"] == "vgpumgr fleet compact --for L40S-24Q"
+    assert (hint["host"], hint["how"], hint["moves"], hint["plan"]) == ("host-a", "placement", 2, None)
+    rc, _, err = _cli(a, monkeypatch, "fleet", "place", "--type", "L40S-24Q")
+    assert rc == 4 and "plan search was cut short: `vgpumgr fleet compact --for L40S-24Q` gives the full plan" in err
+    assert "gpu compact 0000:3d:00.0 --for L40S-24Q` (on host-a) frees a start by moving 2 VMs" in err
+    p = a.svc.fleet_compact_plan("L40S-24Q", fits_check=False, lookups=1)
+    assert not p["feasible"] and p["cut_short"] and "cut short after 1 destination lookup(s), 0 of" in p["why"]
+    monkeypatch.setattr("vgpumgr.ops.fleet_compact.HINT_LOOKUPS", 0)
+    rc, out, _ = _cli(c, monkeypatch, "fleet", "place", "--type", "L40S-24Q", "--json")
+    assert rc == 4 and json.loads(out)["compact"]["cut_short"]
+    monkeypatch.undo()
+
     rc, p, _ = _plan(a, monkeypatch)
     assert rc == 0 and p["feasible"] and (p["host"], p["gpu"], p["how"]) == ("host-b", L40S, "empty-gpu")
     [mv] = p["moves"]

@@ -62,14 +62,18 @@ class Option(NamedTuple):
 
 
 def full_gpus(s: Session, short: str, limit: int = CANDIDATES) -> list[FullGpu]:
-    """GPUs of fresh, uncordoned hosts offering the type with none free, holding vGPUs, fewest first."""
+    """GPUs of fresh, uncordoned hosts offering the type with none free, holding vGPUs, fewest first: the type's
+    rows (its index) joined to their GPUs first, then the hosts, so that only those GPUs are sorted (not every
+    GPU of the fleet holding vGPUs, as the planner chose when joining all at once)."""
+    mat = "MATERIALIZED " if s.get_bind().dialect.name == "postgresql" else ""
     sql = text(
-        "SELECT c.host_id, n.name, c.gpu, c.name, c.framebuffer_mb, (SELECT max(x.framebuffer_mb) FROM "
-        "fleet_capacity x WHERE x.host_id = c.host_id AND x.gpu = c.gpu), c.max, g.mode, g.vgpus FROM fleet_capacity c "
-        "JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu JOIN fleet_hosts h ON h.host_id = "
-        f"c.host_id JOIN hosts n ON n.id = c.host_id WHERE c.short = :short AND c.free = 0 AND coalesce(c.max, 0) > 0 "
-        f"AND g.vgpus > 0 AND {_FRESH[s.get_bind().dialect.name]} AND {_UNCORDONED} "
-        "ORDER BY g.vgpus, n.name, c.gpu LIMIT :limit")
+        f"WITH w AS {mat}(SELECT c.host_id, c.gpu, c.name, c.framebuffer_mb, c.max, g.mode, g.vgpus "
+        "FROM fleet_capacity c JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu "
+        "WHERE c.short = :short AND c.free = 0 AND coalesce(c.max, 0) > 0 AND g.vgpus > 0) "
+        "SELECT w.host_id, n.name, w.gpu, w.name, w.framebuffer_mb, (SELECT max(x.framebuffer_mb) FROM "
+        "fleet_capacity x WHERE x.host_id = w.host_id AND x.gpu = w.gpu), w.max, w.mode, w.vgpus FROM w "
+        "JOIN fleet_hosts h ON h.host_id = w.host_id JOIN hosts n ON n.id = w.host_id "
+        f"WHERE {_FRESH[s.get_bind().dialect.name]} AND {_UNCORDONED} ORDER BY w.vgpus, n.name, w.gpu LIMIT :limit")
     return [FullGpu(*r) for r in s.execute(sql, {"short": short, "limit": limit})]
 
 

@@ -36,13 +36,19 @@ class GpuLoad(NamedTuple):
 
 
 def loads(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuLoad]:
+    """The hosts' GPUs without a free instance of the wanted type that hold vGPUs and have its GB free (`roomy`,
+    the only ones `suggest` can judge): the type's rows found by its index, and only those GPUs' other rows summed
+    (not every row of every host: at 10,000 hosts that grouped the rows of 1,000 hosts, about 166 ms)."""
     if not host_ids:
         return []
-    sql = text("SELECT host_id, gpu, max(framebuffer_mb), sum(used * coalesce(framebuffer_mb, 0)), "
-               "sum(CASE WHEN short = :short THEN free ELSE 0 END), max(CASE WHEN short = :short THEN max END), "
-               "min(CASE WHEN short = :short THEN name END), min(CASE WHEN short = :short THEN framebuffer_mb END) "
-               "FROM fleet_capacity WHERE host_id IN :ids GROUP BY host_id, gpu "
-               "HAVING sum(CASE WHEN short = :short THEN 1 ELSE 0 END) > 0 ORDER BY host_id, gpu"
+    sql = text("SELECT c.host_id, c.gpu, max(x.framebuffer_mb), sum(x.used * coalesce(x.framebuffer_mb, 0)), "
+               "c.free, c.max, c.name, c.framebuffer_mb FROM fleet_capacity c "
+               "JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu "
+               "JOIN fleet_capacity x ON x.host_id = c.host_id AND x.gpu = c.gpu "
+               "WHERE c.short = :short AND c.host_id IN :ids AND c.free = 0 AND g.vgpus > 0 "
+               "GROUP BY c.host_id, c.gpu, c.free, c.max, c.name, c.framebuffer_mb "
+               "HAVING max(x.framebuffer_mb) - sum(x.used * coalesce(x.framebuffer_mb, 0)) >= c.framebuffer_mb "
+               "ORDER BY c.host_id, c.gpu"
                ).bindparams(bindparam("ids", expanding=True))
     return [GpuLoad(r[0], r[1], r[2], int(r[3] or 0), int(r[4] or 0), r[5], r[6], r[7])
             for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]
@@ -121,6 +127,10 @@ def suggest(type_name: str, gpus: Iterable[GpuLoad], held: Mapping[tuple[int, st
 
 
 def hint(c: Mapping[str, Any]) -> str:
+    cut = (f"the fleet's plan search was cut short: `{c['full_plan']}` gives the full plan"
+           if c.get("cut_short") else "")
+    if c.get("host") is None:
+        return cut or "no GPU can be freed"
     n = c["moves"]
     vms = f"{n} VM{'s' if n != 1 else ''}"
     if c.get("how") in (None, "placement") and c.get("start") is not None:
@@ -131,4 +141,4 @@ def hint(c: Mapping[str, Any]) -> str:
     if c.get("plan") and c.get("how") != "placement":
         moves = ", ".join(f"{m['vm']} to {m['to']}" for m in c["plan"])
         text += f": `vgpumgr fleet compact --for {c['type']} --apply` (on {c['host']}) moves {moves}"
-    return text
+    return f"{text}; {cut}" if cut else text

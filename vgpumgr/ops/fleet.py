@@ -175,7 +175,7 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
         if d.choice is None and request.count == 1 and hint:
             if full is None:
                 short = store.type_match(request.type)
-                full = [(h.host_id, h.name) for h in store.hosts(s, ranked.no_capacity_hosts(s, short, FRAGMENTED_OF))]
+                full = ranked.no_capacity_hosts(s, short, FRAGMENTED_OF)
             single = _fragmented(s, request, dict(full))
     if single is not None:
         d = replace(d, compact=single)

@@ -28,10 +28,19 @@ COMPACT = "fleet.compact"
 MAX_MOVES = 8
 PER_HOST = 2
 TRIED = 200  # options whose destinations are looked for before giving up (each VM's asked for once per plan)
+# destination lookups (each a `fleet place`: 25-150 ms at 10,000 hosts) `fleet place`'s hint may make before it
+# says the search was cut short; `fleet compact` itself has no such limit
+HINT_LOOKUPS = 4
+_LEFT = ("lookups left",)
+
+
+class _CutShort(Exception):
+    """The plan's budget of destination lookups is spent."""
 
 
 def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per_host: int = PER_HOST,
-         fits_check: bool = True) -> dict[str, Any]:
+         fits_check: bool = True, lookups: int | None = None) -> dict[str, Any]:
+    """The plan; with `lookups`, at most that many destination lookups (`cut_short` says when they ran out)."""
     from vgpumgr.ops import fleet as fleet_ops
 
     req = FleetRequest(type_name)  # validates the name
@@ -42,7 +51,7 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
     short = store.type_match(req.type)
     out: dict[str, Any] = {"type": short, "feasible": False, "host": None, "gpu": None, "how": None,
                            "start": None, "moves": [], "applied": [], "failed": None, "placed": None,
-                           "max_moves": max_moves, "per_host": per_host}
+                           "max_moves": max_moves, "per_host": per_host, "cut_short": False}
     if fits_check:
         d = fleet_ops.place(svc, req, hint=False)
         if d.choice is not None:
@@ -58,9 +67,16 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
         by_host = {h: compaction.vm_counts(s, h, sorted(v)) for h, v in vms.items()}
         counts = {o: {vm: by_host[o.host_id][vm] for vm in o.vms if vm in by_host[o.host_id]} for o in found[:TRIED]}
     blocked: list[str] = []
-    asked: dict[Any, Any] = {}  # VM -> `fleet place --vm`'s answer (or its error); (type, count) -> its hosts
-    for o in found[:TRIED]:
-        moves = _destinations(svc, o, counts[o], per_host, blocked, asked)
+    # VM -> `fleet place --vm`'s answer (or its error); (type, count) -> its hosts; _LEFT -> lookups left
+    asked: dict[Any, Any] = {_LEFT: lookups}
+    for tried, o in enumerate(found[:TRIED]):
+        try:
+            moves = _destinations(svc, o, counts[o], per_host, blocked, asked)
+        except _CutShort:
+            out.update(cut_short=True, why=(
+                f"the plan search was cut short after {lookups} destination lookup(s), {tried} of "
+                f"{min(len(found), TRIED)} option(s) tried: `vgpumgr fleet compact --for {short}` searches them all"))
+            return out
         if moves is not None:
             what = (f"frees placement ID {o.start} of {short}" if o.how == compaction.PLACEMENT
                     else f"empties it for {short}")
@@ -78,7 +94,6 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
 
 def _destinations(svc: Context, o: compaction.Option, counts: dict[str, dict[str, int]], per_host: int,
                   blocked: list[str], asked: dict[Any, Any]) -> list[dict[str, Any]] | None:
-    from vgpumgr.ops import fleet as fleet_ops
 
     planned: dict[tuple[str, str], int] = {}
     into: dict[str, int] = {}
@@ -90,13 +105,7 @@ def _destinations(svc: Context, o: compaction.Option, counts: dict[str, dict[str
             return None
     for vm, vgpu_type, n in wants:
         kinds = counts.get(vm) or {o.type_name: 1}
-        if vm not in asked:
-            try:
-                asked[vm] = fleet_ops.place(svc, FleetRequest(store.type_match(vgpu_type), vm=vm, count=n),
-                                            hint=False)
-            except VgpuError as e:
-                asked[vm] = e
-        d = asked[vm]
+        d = _lookup(svc, asked, vm, type=store.type_match(vgpu_type), vm=vm, count=n)
         if isinstance(d, VgpuError):
             blocked.append(f"VM {vm} on {o.host}: {d.message}")
             return None
@@ -122,18 +131,30 @@ def _anywhere_else(svc: Context, short: str, n: int, home: str, asked: dict[Any,
     """Whether any host but `home` could take `n` of the type now, asked once per type and count: a VM's own
     destinations are among those hosts (NVIDIA's migration rules only take hosts away), so a VM whose type
     has none is not asked for one, and an option moving it is dropped without a lookup per VM."""
+
+    d = _lookup(svc, asked, ("type", short, n), type=short, count=n)
+    if isinstance(d, VgpuError):
+        return True  # not known: each VM is asked, and says why
+    nvidia = parse_type_name(short) is not None
+    return any(c.host != home and c.free >= n and (not nvidia or c.free_gpus >= n) for c in d.ranked)
+
+
+def _lookup(svc: Context, asked: dict[Any, Any], key: Any, **request: Any) -> Any:
+    """`fleet place`'s answer to `request` (or its error), asked once per plan: _CutShort when the plan's lookups
+    are spent."""
     from vgpumgr.ops import fleet as fleet_ops
 
-    key = ("type", short, n)
     if key not in asked:
+        left = asked.get(_LEFT)
+        if left is not None:
+            if left <= 0:
+                raise _CutShort
+            asked[_LEFT] = left - 1
         try:
-            asked[key] = fleet_ops.place(svc, FleetRequest(short, count=n), hint=False).ranked
-        except VgpuError:
-            asked[key] = None  # not known: each VM is asked, and says why
-    if asked[key] is None:
-        return True
-    nvidia = parse_type_name(short) is not None
-    return any(c.host != home and c.free >= n and (not nvidia or c.free_gpus >= n) for c in asked[key])
+            asked[key] = fleet_ops.place(svc, FleetRequest(**request), hint=False)
+        except VgpuError as e:
+            asked[key] = e
+    return asked[key]
 
 
 def apply(svc: Context, p: dict[str, Any], actor: str | None = None) -> dict[str, Any]:
@@ -202,7 +223,9 @@ def text(p: dict[str, Any]) -> str:
 def place(svc: Context, request: FleetRequest, *, every_host: bool = False) -> Any:
     """`fleet place` (vgpumgr.ops.fleet.place) with, when no host can take one vGPU, the fewest migrations that
     make room in its `compact` hint: the single GPU whose `gpu compact` frees a start, or the fleet's plan when
-    it needs fewer moves or is the only one; the plan's moves either way (`plan`: VM, from, to, why)."""
+    it needs fewer moves or is the only one; the plan's moves either way (`plan`: VM, from, to, why). The plan
+    is searched with at most HINT_LOOKUPS destination lookups: past them `cut_short` and `full_plan` (`fleet
+    compact --for TYPE`, which searches every option) say so."""
     from dataclasses import replace
 
     from vgpumgr.ops import fleet as fleet_ops
@@ -211,11 +234,15 @@ def place(svc: Context, request: FleetRequest, *, every_host: bool = False) -> A
     if d.choice is not None or request.count != 1 or request.vm is not None:
         return d
     single = d.compact
-    p = plan(svc, request.type, fits_check=False)
+    p = plan(svc, request.type, fits_check=False, lookups=HINT_LOOKUPS)
     if not (p["feasible"] and p["moves"]):
-        return d if single is None else replace(d, compact={
-            **single, "how": "placement", "plan": None,
-            "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}"})
+        cut = {"cut_short": True, "full_plan": f"vgpumgr fleet compact --for {p['type']}"} if p["cut_short"] else {}
+        if single is None:
+            return d if not cut else replace(d, compact={
+                "host": None, "gpu": None, "type": p["type"], "moves": None, "start": None, "vms": [], "how": None,
+                "plan": None, "command": cut["full_plan"], **cut})
+        return replace(d, compact={**single, "how": "placement", "plan": None,
+                                   "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}", **cut})
     same = single is not None and (single["host"], single["gpu"]) == (p["host"], p["gpu"])
     if single is not None and not same and single["moves"] < len(p["moves"]):
         return replace(d, compact={**single, "how": "placement", "plan": None,
