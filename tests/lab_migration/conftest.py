@@ -11,13 +11,11 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_guest import AGENT_BOOT
 from lab_hosts import LabHost, in_migration_lab, wait_for
 
 HERE = Path(__file__).parent
@@ -31,11 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lab)
             if not in_migration_lab():
                 item.add_marker(skip)
-    # the agent guest boots for minutes: it starts now, in the background, and its tests run last
-    agent = [i for i in items if i.path.name == "test_guest_agent.py"]
-    if agent and in_migration_lab():
-        items[:] = [i for i in items if i not in agent] + agent
-        config.stash[AGENT_BOOT] = subprocess.Popen([sys.executable, str(HERE / "agent_guest.py"), "start"])
 
 
 @pytest.fixture(scope="session")
