@@ -133,7 +133,7 @@ class Publisher:
             if counts_only:
                 writes.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
             writes.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus)
-        else:  # the usual change: one GPU this process published before, one statement on PostgreSQL
+        else:  # the usual change: one GPU this process published before, one statement on PostgreSQL (after the lock)
             writes.write_counts(s, host_id, counts_only, gpu_count, vgpus)
         self.last_ms = (time.perf_counter() - started) * 1000
         return len(changed)
