@@ -77,3 +77,11 @@ def test_the_density_bench_plans_with_these_options_where_the_fewest_start_alone
     got = fd.compact(fleet, 24, 2, place, where)
     assert got == ((0, 0, 24), 2)
     assert where[2][0] == 1 and where[3][0] == 1 and fleet[0][0] == [(0, 16, 1), (20, 4, 4)]
+
+
+def test_max_moves_counts_vms_not_vgpus() -> None:
+    # the 24Q start at 24 is held by two 8 GB vGPUs of one VM: one migration frees it
+    mine = _held(("big", 0, 16), ("pair", 24, 8), ("pair", 40, 8))
+    g = _gpu(24, len(mine))
+    assert [(o.start, o.vms, o.moves) for o in options([g], {(1, g.gpu): mine}, 1)] == [
+        (0, ("big",), 1), (24, ("pair",), 1)]

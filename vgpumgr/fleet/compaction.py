@@ -119,7 +119,7 @@ def options(gpus: Sequence[FullGpu], held_by: dict[tuple[int, str], list[Held]],
         mine = held_by.get((g.host_id, g.gpu)) or []
         if not mine or not g.framebuffer_mb:
             continue
-        found = _placements(g, mine, _arch(g.name), max_moves) if all(h.start is not None for h in mine) else None
+        found = _placements(g, mine, _arch(g.name)) if all(h.start is not None for h in mine) else None
         ways = [(PLACEMENT, start, way) for start, way in found] if found is not None else [(EMPTY, None, list(mine))]
         for how, start, way in ways:
             if not way or any(h.vm is None or not h.active for h in way):
@@ -132,8 +132,7 @@ def options(gpus: Sequence[FullGpu], held_by: dict[tuple[int, str], list[Held]],
     return sorted(out, key=lambda o: (o.moves, o.gb, o.host, o.gpu, o.start or 0))
 
 
-def _placements(g: FullGpu, mine: list[Held], arch: str, max_moves: int | None
-                ) -> list[tuple[int, list[Held]]] | None:
+def _placements(g: FullGpu, mine: list[Held], arch: str) -> list[tuple[int, list[Held]]] | None:
     """A mixed-size GPU: each start of the type that migrations can free, with the vGPUs in its way, fewest
     first; None when no start can be. The GPU need not have the type's GB free now: the moves free them (a
     GPU too full for the type only by what sits in one start's way is as good a candidate as a fragmented one)."""
@@ -148,5 +147,5 @@ def _placements(g: FullGpu, mine: list[Held], arch: str, max_moves: int | None
                              for at, sz, tag in taken])
     if not found:
         return None
-    found = [f for f in found if max_moves is None or f[0] <= max_moves]
+    # --max-moves counts VMs, not vGPUs (a VM holding two in the way moves once): `options` applies it
     return [(start, [mine[int(tag)] for _at, _sz, tag in way if tag is not None]) for _n, _gb, start, way in found]

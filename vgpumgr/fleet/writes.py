@@ -246,9 +246,9 @@ _PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
 
 def lock_host(s: Session, host_id: int) -> None:
     """One publish of a host at a time, until its transaction ends (PostgreSQL). Its processes (the service, a
-    hook, the CLI) publish into the same rows in two orders: a change locks the host row first (the change
-    statement's own UPDATE runs before its CTEs), a full publish its GPUs and capacity first; two of them at once
-    could deadlock. SQLite has one writer at a time already."""
+    hook, the CLI) publish into the same rows in two orders: a full publish the GPU row, then the capacity rows;
+    a change (one statement) the capacity rows, then the GPU row and the host row. Two at once deadlocked
+    (tests/test_fleet_publish.py). SQLite has one writer at a time already."""
     if _pg(s):
         _run(s, "lock", {"h": host_id}, sql=_PUBLISH_LOCK)
 

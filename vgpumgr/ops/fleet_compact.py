@@ -94,22 +94,24 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
 
 def _destinations(svc: Context, o: compaction.Option, counts: dict[str, dict[str, int]], per_host: int,
                   blocked: list[str], asked: dict[Any, Any]) -> list[dict[str, Any]] | None:
-
     planned: dict[tuple[str, str], int] = {}
     into: dict[str, int] = {}
     moves = []
-    wants = [(vm, *max((counts.get(vm) or {o.type_name: 1}).items(), key=lambda kv: kv[1])) for vm in o.vms]
-    for vm, vgpu_type, n in wants:
+    wants = []  # (VM, its vGPU types and counts, the type it moves by, how many)
+    for vm in o.vms:
+        kinds = counts.get(vm) or {o.type_name: 1}
+        vgpu_type, n = max(kinds.items(), key=lambda kv: kv[1])
+        wants.append((vm, kinds, vgpu_type, n))
+    for vm, _kinds, vgpu_type, n in wants:
         if not _anywhere_else(svc, store.type_match(vgpu_type), n, o.host, asked):
             blocked.append(f"VM {vm} on {o.host}: no other host has room for {n} {store.type_match(vgpu_type)}")
             return None
-    for vm, vgpu_type, n in wants:
-        kinds = counts.get(vm) or {o.type_name: 1}
-        d = _lookup(svc, asked, vm, type=store.type_match(vgpu_type), vm=vm, count=n)
+    for vm, kinds, vgpu_type, n in wants:
+        short = store.type_match(vgpu_type)
+        d = _lookup(svc, asked, vm, type=short, vm=vm, count=n)
         if isinstance(d, VgpuError):
             blocked.append(f"VM {vm} on {o.host}: {d.message}")
             return None
-        short = store.type_match(vgpu_type)
         nvidia = parse_type_name(vgpu_type) is not None
         for c in d.ranked:
             room = c.free - planned.get((c.host, short), 0)  # NVIDIA: one vGPU of a GPU per VM, n GPUs for n

@@ -197,18 +197,18 @@ def fewest_moves(supported: Sequence[int], size: int, vgpus: Sequence[tuple[int,
     needs the fewest moves (then the fewest GB, then the lowest start); `vgpus`: (placement id, size, VM or
     None). A start held by a vGPU without a VM cannot be freed by a migration; None when no start can."""
     options = every_start(supported, size, vgpus)
-    return min(options, key=lambda o: o[:3]) if options else None
+    return options[0] if options else None
 
 
-def every_start(supported: Sequence[int], size: int, vgpus: Sequence[tuple[int, int, str | None]],
-                max_moves: int | None = None) -> list[tuple[int, int, int, list[tuple[int, int, str | None]]]]:
-    """(moves, GB moved, start, the vGPUs in its way) of every start that migrations can free, with at most
-    `max_moves` vGPUs in its way, fewest moves first (then GB, then start): `fleet compact` tries them all, since
-    the fewest start's VMs may have nowhere to go while another start's do."""
+def every_start(supported: Sequence[int], size: int, vgpus: Sequence[tuple[int, int, str | None]]
+                ) -> list[tuple[int, int, int, list[tuple[int, int, str | None]]]]:
+    """(moves, GB moved, start, the vGPUs in its way) of every start that migrations can free, fewest moves first
+    (then GB, then start): `fleet compact` tries them all, since the fewest start's VMs may have nowhere to go
+    while another start's do."""
     options = []
     for s in supported:
         way = [v for v in vgpus if v[0] < s + size and s < v[0] + v[1]]
-        if any(v[2] is None for v in way) or (max_moves is not None and len(way) > max_moves):
+        if any(v[2] is None for v in way):
             continue
         options.append((len(way), sum(v[1] for v in way), s, way))
     return sorted(options, key=lambda o: o[:3])
