@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0016_fleet_fresh_index: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0017_fleet_gpu_room: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -241,7 +241,7 @@ CREATE TABLE fleet_gpus (
 	mode VARCHAR(16) NOT NULL, 
 	numa_node INTEGER, 
 	vgpus INTEGER NOT NULL, 
-	published_at DATETIME NOT NULL, 
+	published_at DATETIME NOT NULL, region_mb INTEGER, used_mb INTEGER, room_at DATETIME, 
 	PRIMARY KEY (host_id, address), 
 	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
@@ -261,7 +261,6 @@ CREATE TABLE fleet_capacity (
 	PRIMARY KEY (host_id, gpu, type_id), 
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
-CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
 CREATE TABLE vgpumgr_schema (
 	id INTEGER NOT NULL, 
 	contract_level INTEGER NOT NULL, 
@@ -335,6 +334,10 @@ CREATE INDEX ix_fleet_host_types_spread ON fleet_host_types (short, (-free), hos
 CREATE INDEX ix_fleet_host_types_boards ON fleet_host_types (short) WHERE boards > 1;
 CREATE INDEX ix_fleet_hosts_unsummarized ON fleet_hosts (host_id) WHERE types_generation IS NULL OR types_generation <> generation;
 CREATE INDEX ix_fleet_host_types_room ON fleet_host_types (short, open_gpus, free);
-INSERT INTO "alembic_version" VALUES('0016_fleet_fresh_index');
+CREATE INDEX ix_fleet_gpus_room ON fleet_gpus ((region_mb - used_mb)) WHERE vgpus > 0;
+CREATE INDEX ix_fleet_gpus_unroomed ON fleet_gpus (host_id) WHERE room_at IS NULL OR room_at <> published_at;
+CREATE INDEX ix_fleet_gpus_held ON fleet_gpus (vgpus, host_id, address) WHERE vgpus > 0;
+CREATE INDEX ix_fleet_capacity_short_gpu ON fleet_capacity (short, host_id, gpu);
+INSERT INTO "alembic_version" VALUES('0017_fleet_gpu_room');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
 INSERT INTO "vgpumgr_schema" VALUES(1,0,NULL);

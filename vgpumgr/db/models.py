@@ -450,8 +450,23 @@ class FleetHost(Base):
     types_generation: Mapped[int | None] = mapped_column(BigInteger)
 
 
+_UNROOMED = "room_at IS NULL OR room_at <> published_at"
+
+
 class FleetGpu(Base):
     __tablename__ = "fleet_gpus"
+    # the GPUs holding vGPUs by the framebuffer they have free: `fleet place`'s fragmentation hint
+    __table_args__ = (
+        Index("ix_fleet_gpus_room", text("(region_mb - used_mb)"), postgresql_where=text("vgpus > 0"),
+              sqlite_where=text("vgpus > 0")),
+        # GPUs whose room a previous release's publish left behind: read from their own rows (empty once every
+        # host runs this release)
+        Index("ix_fleet_gpus_unroomed", "host_id", postgresql_where=text(_UNROOMED),
+              sqlite_where=text(_UNROOMED)),
+        # the GPUs holding vGPUs, fewest first: `fleet compact`'s candidates
+        Index("ix_fleet_gpus_held", "vgpus", "host_id", "address", postgresql_where=text("vgpus > 0"),
+              sqlite_where=text("vgpus > 0")),
+    )
 
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
     address: Mapped[str] = mapped_column(String(16), primary_key=True)
@@ -465,6 +480,11 @@ class FleetGpu(Base):
     numa_node: Mapped[int | None] = mapped_column(Integer)
     vgpus: Mapped[int] = mapped_column(Integer)
     published_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # its room, written with its type rows (vgpumgr.fleet.writes): the largest type's framebuffer (the whole GPU)
+    # and the framebuffer of its vGPUs; true for its host's summary generation (fleet_hosts.types_generation)
+    region_mb: Mapped[int | None] = mapped_column(Integer)
+    used_mb: Mapped[int | None] = mapped_column(Integer)
+    room_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # the published_at they were written with
 
 
 class FleetCapacity(Base):
@@ -476,7 +496,7 @@ class FleetCapacity(Base):
                              name="fk_fleet_capacity_gpu"),
         # not on the counts, which every change moves: PostgreSQL then updates the row in place (HOT, with the
         # room the fill factor leaves) and neither database touches an index
-        Index("ix_fleet_capacity_short", "short"),
+        Index("ix_fleet_capacity_short_gpu", "short", "host_id", "gpu"),  # a type's rows; one GPU's of a type
         {"postgresql_with": {"fillfactor": 70}},
     )
 

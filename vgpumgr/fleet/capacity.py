@@ -54,6 +54,16 @@ class GpuCapacity:
     vgpus: int  # vGPUs on this GPU now, of any type
     types: tuple[TypeCapacity, ...] = field(default=())
 
+    @property
+    def region_mb(self) -> int | None:
+        """Its largest type's framebuffer: the whole GPU (None when no type says)."""
+        return max((t.framebuffer_mb for t in self.types if t.framebuffer_mb), default=None)
+
+    @property
+    def used_mb(self) -> int:
+        """The framebuffer of the vGPUs on it, as its type rows say."""
+        return sum(t.used * (t.framebuffer_mb or 0) for t in self.types)
+
     def key(self) -> tuple[Any, ...]:
         """What a publisher compares to know whether the GPU's rows changed."""
         return (self.model, self.device_id, self.subsystem_device_id, self.driver, self.mode, self.numa_node,

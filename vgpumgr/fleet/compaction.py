@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
 from vgpumgr.db.models import ALLOC_ACTIVE, LIVE_STATES, Allocation, Vm
-from vgpumgr.fleet.fragmented import chosen_start, framebuffer_mb
+from vgpumgr.fleet.fragmented import UNROOMED, among, chosen_start, framebuffer_mb
 from vgpumgr.fleet.ranked import _FRESH, _UNCORDONED
 from vgpumgr.placement import ids as pid
 
@@ -62,18 +62,19 @@ class Option(NamedTuple):
 
 
 def full_gpus(s: Session, short: str, limit: int = CANDIDATES) -> list[FullGpu]:
-    """GPUs of fresh, uncordoned hosts offering the type with none free, holding vGPUs, fewest first: the type's
-    rows (its index) joined to their GPUs first, then the hosts, so that only those GPUs are sorted (not every
-    GPU of the fleet holding vGPUs, as the planner chose when joining all at once)."""
-    mat = "MATERIALIZED " if s.get_bind().dialect.name == "postgresql" else ""
+    """GPUs of fresh, uncordoned hosts offering the type with none free, holding vGPUs, fewest first (then by
+    host id and address): walked in that order from their index (ix_fleet_gpus_held), each GPU's row of the type
+    looked up (ix_fleet_capacity_short_gpu), until `limit` are found; the whole GPU is the framebuffer its row
+    publishes (summed from its own rows where a previous release left that behind)."""
+    d = s.get_bind().dialect.name
     sql = text(
-        f"WITH w AS {mat}(SELECT c.host_id, c.gpu, c.name, c.framebuffer_mb, c.max, g.mode, g.vgpus "
-        "FROM fleet_capacity c JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu "
-        "WHERE c.short = :short AND c.free = 0 AND coalesce(c.max, 0) > 0 AND g.vgpus > 0) "
-        "SELECT w.host_id, n.name, w.gpu, w.name, w.framebuffer_mb, (SELECT max(x.framebuffer_mb) FROM "
-        "fleet_capacity x WHERE x.host_id = w.host_id AND x.gpu = w.gpu), w.max, w.mode, w.vgpus FROM w "
-        "JOIN fleet_hosts h ON h.host_id = w.host_id JOIN hosts n ON n.id = w.host_id "
-        f"WHERE {_FRESH[s.get_bind().dialect.name]} AND {_UNCORDONED} ORDER BY w.vgpus, n.name, w.gpu LIMIT :limit")
+        "SELECT g.host_id, n.name, g.address, c.name, c.framebuffer_mb, "
+        f"CASE WHEN {UNROOMED} THEN (SELECT max(x.framebuffer_mb) FROM fleet_capacity x WHERE x.host_id = "
+        "g.host_id AND x.gpu = g.address) ELSE g.region_mb END, c.max, g.mode, g.vgpus FROM fleet_gpus g "
+        "JOIN fleet_capacity c ON c.short = :short AND c.host_id = g.host_id AND c.gpu = g.address "
+        "JOIN fleet_hosts h ON h.host_id = g.host_id JOIN hosts n ON n.id = g.host_id "
+        f"WHERE g.vgpus > 0 AND c.free = 0 AND coalesce(c.max, 0) > 0 AND {_FRESH[d]} AND {_UNCORDONED} "
+        "ORDER BY g.vgpus, g.host_id, g.address LIMIT :limit")
     return [FullGpu(*r) for r in s.execute(sql, {"short": short, "limit": limit})]
 
 
@@ -83,7 +84,7 @@ def held(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Held
         return {}
     q = (select(Allocation.host_id, Allocation.type_name, Allocation.state, Allocation.detail, Vm.name)
          .outerjoin(Vm, Vm.id == Allocation.vm_id)
-         .where(Allocation.host_id.in_(list(host_ids)), Allocation.state.in_(LIVE_STATES)))
+         .where(among(s, Allocation.host_id, host_ids), Allocation.state.in_(LIVE_STATES)))
     out: dict[tuple[int, str], list[Held]] = {}
     for host_id, type_name, state, detail, vm in s.execute(q):
         d = detail or {}

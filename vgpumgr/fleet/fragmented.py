@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import ARRAY, Integer, any_, bindparam, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from vgpumgr import ids
-from vgpumgr.db.models import LIVE_STATES, Allocation, Vm
+from vgpumgr.db.models import LIVE_STATES, Allocation, FleetCapacity, FleetGpu, Vm
 from vgpumgr.fleet.store import type_match
 from vgpumgr.placement import ids as pid
 
@@ -35,23 +35,68 @@ class GpuLoad(NamedTuple):
     framebuffer_mb: int | None  # the wanted type's
 
 
-def loads(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuLoad]:
-    """The hosts' GPUs without a free instance of the wanted type that hold vGPUs and have its GB free (`roomy`,
-    the only ones `suggest` can judge): the type's rows found by its index, and only those GPUs' other rows summed
-    (not every row of every host: at 10,000 hosts that grouped the rows of 1,000 hosts, about 166 ms)."""
+# a GPU whose room (fleet_gpus.region_mb, used_mb) a previous release's publish left behind (migration 0017)
+UNROOMED = "(g.room_at IS NULL OR g.room_at <> g.published_at)"
+
+
+class Room(NamedTuple):
+    host_id: int
+    gpu: str
+    region_mb: int | None
+    used_mb: int
+
+
+def among(s: Session, column: Any, ids: Sequence[int]) -> Any:
+    """`column IN ids`: one array on PostgreSQL (a thousand bound values cost more to send and plan than the
+    read itself), expanded on SQLite."""
+    if s.get_bind().dialect.name == "postgresql":
+        return column == any_(bindparam("among", list(ids), type_=ARRAY(Integer)))
+    return column.in_(list(ids))
+
+
+def rooms(s: Session, host_ids: Sequence[int], least_mb: int = 0) -> list[Room]:
+    """The hosts' GPUs holding vGPUs with at least `least_mb` free: from the room each GPU's row publishes,
+    through its index (summing each GPU's type rows, as this did, took about 170 ms at 10,000 hosts); a GPU
+    whose room a previous release left behind is summed from its own rows."""
     if not host_ids:
         return []
-    sql = text("SELECT c.host_id, c.gpu, max(x.framebuffer_mb), sum(x.used * coalesce(x.framebuffer_mb, 0)), "
-               "c.free, c.max, c.name, c.framebuffer_mb FROM fleet_capacity c "
-               "JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu "
-               "JOIN fleet_capacity x ON x.host_id = c.host_id AND x.gpu = c.gpu "
-               "WHERE c.short = :short AND c.host_id IN :ids AND c.free = 0 AND g.vgpus > 0 "
-               "GROUP BY c.host_id, c.gpu, c.free, c.max, c.name, c.framebuffer_mb "
-               "HAVING max(x.framebuffer_mb) - sum(x.used * coalesce(x.framebuffer_mb, 0)) >= c.framebuffer_mb "
-               "ORDER BY c.host_id, c.gpu"
-               ).bindparams(bindparam("ids", expanding=True))
-    return [GpuLoad(r[0], r[1], r[2], int(r[3] or 0), int(r[4] or 0), r[5], r[6], r[7])
-            for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]
+    g = FleetGpu.__table__.alias("g")
+    published = (select(g.c.host_id, g.c.address, g.c.region_mb, g.c.used_mb)
+                 .where(among(s, g.c.host_id, host_ids), text("g.vgpus > 0"),  # the indexes' own words
+                        g.c.region_mb - g.c.used_mb >= least_mb, text(f"NOT {UNROOMED}")))
+    out = [Room(*r) for r in s.execute(published)]
+    wanted = set(host_ids)
+    behind = [h for (h,) in s.execute(text(f"SELECT DISTINCT g.host_id FROM fleet_gpus g WHERE {UNROOMED}"))
+              if h in wanted]
+    if behind:
+        summed = text(
+            "SELECT x.host_id, x.gpu, max(x.framebuffer_mb), sum(x.used * coalesce(x.framebuffer_mb, 0)) "
+            "FROM fleet_gpus g JOIN fleet_capacity x ON x.host_id = g.host_id AND x.gpu = g.address "
+            f"WHERE g.host_id IN :ids AND {UNROOMED} AND g.vgpus > 0 GROUP BY x.host_id, x.gpu "
+            "HAVING max(x.framebuffer_mb) - sum(x.used * coalesce(x.framebuffer_mb, 0)) >= :least"
+        ).bindparams(bindparam("ids", expanding=True))
+        out += [Room(r[0], r[1], r[2], int(r[3] or 0)) for r in s.execute(summed, {"ids": behind, "least": least_mb})]
+    return sorted(out)
+
+
+def loads(s: Session, wanted: str, gpus: Sequence[Room]) -> list[GpuLoad]:
+    """Those GPUs with the wanted type's row (each found from ix_fleet_capacity_short_gpu), no free instance of
+    it and its GB free (`roomy`, the only ones `suggest` can judge)."""
+    if not gpus:
+        return []
+    room = {(r.host_id, r.gpu): r for r in gpus}
+    q = (select(FleetCapacity.host_id, FleetCapacity.gpu, FleetCapacity.free, FleetCapacity.max, FleetCapacity.name,
+                FleetCapacity.framebuffer_mb)
+         .where(FleetCapacity.short == type_match(wanted), FleetCapacity.free == 0,
+                tuple_(FleetCapacity.host_id, FleetCapacity.gpu).in_(list(room))))
+    found = [GpuLoad(h, gpu, room[h, gpu].region_mb, room[h, gpu].used_mb, int(free or 0), mx, name, fb)
+             for h, gpu, free, mx, name, fb in s.execute(q)]
+    return sorted(g for g in found if roomy(g))
+
+
+def judged(mine: Sequence[Held] | None) -> bool:
+    """Every vGPU on the GPU has the placement ID vgpumgr chose and a known framebuffer: `suggest` can judge it."""
+    return bool(mine) and all(p is not None and fb is not None for p, fb, _vm in mine or ())
 
 
 def roomy(g: GpuLoad) -> bool:
@@ -75,7 +120,7 @@ def vgpus(s: Session, host_ids: Sequence[int]) -> dict[tuple[int, str], list[Hel
         return {}
     q = (select(Allocation.host_id, Allocation.type_name, Allocation.detail, Vm.name)
          .outerjoin(Vm, Vm.id == Allocation.vm_id)
-         .where(Allocation.host_id.in_(list(host_ids)), Allocation.state.in_(LIVE_STATES)))
+         .where(among(s, Allocation.host_id, host_ids), Allocation.state.in_(LIVE_STATES)))
     out: dict[tuple[int, str], list[Held]] = {}
     for host_id, type_name, detail, vm in s.execute(q):
         d = detail or {}

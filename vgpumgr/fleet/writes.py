@@ -34,7 +34,7 @@ def _now(s: Session) -> Any:
 # SQLite); a row that did not change is not rewritten (PostgreSQL then writes no new row version for it).
 
 _GPU_COLS = ("model", "vendor_id", "device_id", "subsystem_vendor_id", "subsystem_device_id", "driver", "mode",
-             "numa_node", "vgpus")
+             "numa_node", "vgpus", "region_mb", "used_mb")
 _CAP_COLS = ("name", "short", "backend", "framebuffer_mb", "model", "device_id", "free", "used", "max")
 _HOST_COLS = ("endpoint", "migration_uri", "driver_version", "version", "heartbeat_s", "stale_after_s", "gpus",
               "vgpus")
@@ -51,12 +51,13 @@ def _sqlite_set(cols: Sequence[str], table: str) -> tuple[str, str]:
 
 
 def _pg_gpus_sql() -> str:
-    sets, _ = _set((*_GPU_COLS, "published_at"), "g")
-    return ("INSERT INTO fleet_gpus AS g (host_id, address, " + ", ".join(_GPU_COLS) + ", published_at) "
-            "SELECT %(h)s, t.*, now() FROM unnest(%(address)s::varchar[], %(model)s::varchar[], "
+    sets, _ = _set((*_GPU_COLS, "published_at", "room_at"), "g")
+    return ("INSERT INTO fleet_gpus AS g (host_id, address, " + ", ".join(_GPU_COLS) + ", published_at, room_at) "
+            "SELECT %(h)s, t.*, now(), now() FROM unnest(%(address)s::varchar[], %(model)s::varchar[], "
             "%(vendor_id)s::varchar[], %(device_id)s::varchar[], %(subsystem_vendor_id)s::varchar[], "
             "%(subsystem_device_id)s::varchar[], "
-            "%(driver)s::varchar[], %(mode)s::varchar[], %(numa_node)s::int[], %(vgpus)s::int[]) AS t "
+            "%(driver)s::varchar[], %(mode)s::varchar[], %(numa_node)s::int[], %(vgpus)s::int[], %(region_mb)s::int[], "
+            "%(used_mb)s::int[]) AS t "
             f"ON CONFLICT (host_id, address) DO UPDATE SET {sets}")
 
 
@@ -71,8 +72,8 @@ def _pg_capacity_sql() -> str:
 
 
 def _sqlite_gpus_sql() -> str:
-    sets, _ = _sqlite_set((*_GPU_COLS, "published_at"), "fleet_gpus")
-    cols = ("host_id", "address", *_GPU_COLS, "published_at")
+    sets, _ = _sqlite_set((*_GPU_COLS, "published_at", "room_at"), "fleet_gpus")
+    cols = ("host_id", "address", *_GPU_COLS, "published_at", "room_at")
     return (f"INSERT INTO fleet_gpus ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
             f"ON CONFLICT (host_id, address) DO UPDATE SET {sets}")
 
@@ -132,6 +133,8 @@ def _types_sql(pg: bool) -> tuple[str, ...]:
 # A change of a GPU this process already published moves only counts: the type rows' free, used and max, the
 # GPU's vGPUs and mode, the host's heartbeat. On PostgreSQL that is one statement (plain UPDATEs: a row whose
 # counts did not move is neither rewritten nor locked); a row missing there is healed by the next full publish.
+# The GPU's room (region_mb, used_mb) comes with it, summed from the same type rows in Python (GpuCapacity),
+# and room_at = published_at says it is this release's (a previous one moves published_at alone).
 # The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
 # changed rows are read, not every row of the host's touched types.
 _PG_CHANGE = (
@@ -148,16 +151,18 @@ _PG_CHANGE = (
     "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + d.open_gpus, free = t.free + d.free, "
     "used = t.used + d.used, max = t.max + d.max FROM d WHERE t.host_id = %(h)s AND t.short = d.short AND "
     "(d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0) RETURNING 1), "
-    "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, published_at = now() FROM unnest(%(address)s::"
-    "varchar[], %(vgpus)s::int[], %(mode)s::varchar[]) AS u(address, vgpus, mode) WHERE g.host_id = %(h)s AND "
-    "g.address = u.address RETURNING 1) "
+    "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, region_mb = u.region_mb, used_mb = u.used_mb, "
+    "published_at = now(), room_at = now() FROM unnest(%(address)s::varchar[], %(vgpus)s::int[], %(mode)s::varchar[], "
+    "%(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb) "
+    "WHERE g.host_id = %(h)s AND g.address = u.address RETURNING 1) "
     "UPDATE fleet_hosts SET heartbeat_at = now(), generation = generation + 1, "
     + _KEEP_TYPES.format(t="fleet_hosts") + ", gpus = %(gpus)s, vgpus = %(total)s WHERE host_id = %(h)s")
 _PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT 1"  # the same without the host row
 _SQLITE_CHANGE = (
     "UPDATE fleet_capacity SET free = ?, used = ?, max = ? WHERE host_id = ? AND gpu = ? AND type_id = ? AND "
     "(free IS NOT ? OR used IS NOT ? OR max IS NOT ?)",
-    "UPDATE fleet_gpus SET vgpus = ?, mode = ?, published_at = ? WHERE host_id = ? AND address = ?",
+    "UPDATE fleet_gpus SET vgpus = ?, mode = ?, region_mb = ?, used_mb = ?, published_at = ?, room_at = ? "
+    "WHERE host_id = ? AND address = ?",
     "UPDATE fleet_hosts SET heartbeat_at = ?, generation = generation + 1, " + _KEEP_TYPES.format(t="fleet_hosts")
     + ", gpus = ?, vgpus = ? WHERE host_id = ?")
 
@@ -274,6 +279,7 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
             "free": [t.free for _, t in types],
             "used": [t.used for _, t in types], "max": [t.max for _, t in types],
             "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
+            "region_mb": [g.region_mb for g in gpus], "used_mb": [g.used_mb for g in gpus],
             "gpus": gpu_count, "total": vgpus})
         return
     now = _sqlite_now()
@@ -282,7 +288,8 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
                                     for a, t in types], many=True)
         refresh_types(s, host_id)
     if gpus:
-        _run(s, "change-gpus", [(g.vgpus, g.mode, now, host_id, g.address) for g in gpus], many=True)
+        _run(s, "change-gpus", [(g.vgpus, g.mode, g.region_mb, g.used_mb, now, now, host_id, g.address)
+                                for g in gpus], many=True)
     if host:
         _run(s, "change-host", (now, gpu_count, vgpus, host_id))
 
@@ -311,7 +318,8 @@ def write_gpus(s: Session, host_id: int, gpus: Sequence[GpuCapacity], prune_type
                                  **{c: [cap(g, t, c) for g, t in types] for c in _CAP_COLS}})
     else:
         now = _sqlite_now()
-        _run(s, "gpus", [(host_id, g.address, *(getattr(g, c) for c in _GPU_COLS), now) for g in gpus], many=True)
+        _run(s, "gpus", [(host_id, g.address, *(getattr(g, c) for c in _GPU_COLS), now, now) for g in gpus],
+             many=True)
         if types:
             _run(s, "capacity", [(host_id, g.address, t.type, *(cap(g, t, c) for c in _CAP_COLS)) for g, t in types],
                  many=True)

@@ -173,10 +173,12 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
         gpus = store.open_gpus(s, request.type, list(first.values()))
         single = None
         if d.choice is None and request.count == 1 and hint:
+            least = 0  # a small fleet's GPUs are all read
             if full is None:
-                short = store.type_match(request.type)
-                full = ranked.no_capacity_hosts(s, short, FRAGMENTED_OF)
-            single = _fragmented(s, request, dict(full))
+                found = ranked.no_capacity_hosts(s, store.type_match(request.type), FRAGMENTED_OF)
+                full = [(h, name) for h, name, _fb in found]
+                least = min((fb for _h, _name, fb in found if fb), default=0)
+            single = _fragmented(s, request, dict(full), least)
     if single is not None:
         d = replace(d, compact=single)
     return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
@@ -221,12 +223,16 @@ def _place_ranked(s: Any, request: fleet_place.FleetRequest, total: int
     return d, rows
 
 
-def _fragmented(s: Any, request: fleet_place.FleetRequest, names: dict[int, str]) -> dict[str, Any] | None:
-    """No host fits: of the hosts without capacity, the GPU whose `gpu compact` frees a start with fewest moves."""
+def _fragmented(s: Any, request: fleet_place.FleetRequest, names: dict[int, str], least_mb: int
+                ) -> dict[str, Any] | None:
+    """No host fits: of the hosts without capacity, the GPU whose `gpu compact` frees a start with fewest moves
+    (`least_mb`: at most the type's framebuffer on those hosts, where the GPUs' room is read from)."""
     from vgpumgr.fleet import fragmented
 
-    loads = [g for g in fragmented.loads(s, request.type, list(names)) if fragmented.roomy(g)]
-    held = fragmented.vgpus(s, sorted({g.host_id for g in loads}))  # only the hosts with GB to spare
+    rooms = fragmented.rooms(s, list(names), least_mb)
+    held = fragmented.vgpus(s, sorted({r.host_id for r in rooms}))  # only the hosts with GB to spare
+    # the type's rows only of the GPUs it can judge (every vGPU's placement known)
+    loads = fragmented.loads(s, request.type, [r for r in rooms if fragmented.judged(held.get((r.host_id, r.gpu)))])
     return fragmented.suggest(request.type, loads, held, names)
 
 
