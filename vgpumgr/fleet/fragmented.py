@@ -1,8 +1,8 @@
 """`fleet place`'s hint when no host can take a type: a GPU in NVIDIA's mixed-size mode with the GB free for it
 whose starts are only fragmented, and the fewest moves `vgpumgr gpu compact` there would need, across the fleet.
 
-Computed from what the hosts share: each GPU's published rows (every type's framebuffer, free and used: the
-region and the GB in use) and the live allocations' placement IDs as vgpumgr chose them (in mixed-size mode
+Computed from what the hosts share: each GPU's published room (its row's region and GB in use, migration 0017),
+the wanted type's row of the GPUs it can judge, and the live allocations' placement IDs as vgpumgr chose them (in mixed-size mode
 only; in equal-size mode a record holds at most the driver's own, marked as such). A GPU any of whose vGPUs has
 no chosen placement ID is not judged. It only names where to look: that host's own `gpu compact` plans the
 moves and finds their destinations.
