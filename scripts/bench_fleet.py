@@ -206,7 +206,8 @@ STATEMENTS = (("vgpumgr.fleet.ranked", ("host_count", "counts", "candidates", "i
               ("vgpumgr.fleet.store", ("hosts", "offer_groups", "open_gpus", "capacity_by_host", "gpus",
                                        "slot_rows")),
               ("vgpumgr.fleet.compaction", ("full_gpus", "held", "vm_counts")),
-              ("vgpumgr.fleet.fragmented", ("loads", "vgpus")), ("vgpumgr.ops.fleet_compact", ("plan", "_lookup")))
+              ("vgpumgr.fleet.fragmented", ("rooms", "loads", "vgpus")),
+              ("vgpumgr.ops.fleet_compact", ("plan", "_lookup")))
 
 
 class Statements:
