@@ -4,8 +4,8 @@ whose starts are only fragmented, and the fewest moves `vgpumgr gpu compact` the
 Computed from what the hosts share: each GPU's published room (its row's region and GB in use, migration 0017),
 the wanted type's row of the GPUs it can judge, and the live allocations' placement IDs as vgpumgr chose them (in
 mixed-size mode only; in equal-size mode a record holds at most the driver's own, marked as such). A GPU any of
-whose vGPUs has no chosen placement ID is not judged. It only names where to look: that host's own `gpu compact` plans the
-moves and finds their destinations.
+whose vGPUs has no chosen placement ID is not judged. It only names where to look: that host's own `gpu compact`
+plans the moves and finds their destinations.
 """
 
 from __future__ import annotations
