@@ -85,3 +85,49 @@ def test_max_moves_counts_vms_not_vgpus() -> None:
     g = _gpu(24, len(mine))
     assert [(o.start, o.vms, o.moves) for o in options([g], {(1, g.gpu): mine}, 1)] == [
         (0, ("big",), 1), (24, ("pair",), 1)]
+
+
+def _fleet_with(*gpus: list[tuple[int, int, int]]) -> list:
+    """Hosts 0, 1, 2 with the given first GPUs; every other GPU holds two 24 GB VMs (no room for anything)."""
+    vm = iter(range(1000, 2000))
+    fleet = [[[(0, 24, next(vm)), (24, 24, next(vm))] for _ in range(fd.PER_HOST)] for _ in range(fd.HOSTS)]
+    for h, g in enumerate(gpus):
+        fleet[h][0] = sorted(g)
+    return fleet
+
+
+def test_the_bench_finds_a_two_move_chain_that_the_planner_does_not_and_proves_when_none_exists() -> None:
+    """A 24 GB arrival: host 0's start 0 holds one 16 GB VM (1), which has no free 16 GB start anywhere; host 1's
+    16 GB start 0 holds one 8 GB VM (2), and host 2 has a free 8 GB start (40). Moving 2 to host 2 and then 1 to
+    host 1 frees host 0's start 0: a chain of two moves, which the planner (each VM placed by `fleet place`)
+    misses and `any_plan` (every plan of at most two moves, whatever its destinations) finds. Filling host 2's
+    hole and host 0's 8 GB gap leaves no plan of two moves, and `any_plan` says so."""
+    small = [(16, 2, 3), (18, 2, 4), (20, 4, 5)]  # host 1's 8-16 GB free, its 24 GB start 0 held by four VMs
+    fleet = _fleet_with([(0, 16, 1), (24, 24, 9)], [(0, 8, 2), *small, (24, 24, 10)], [(0, 24, 11), (24, 16, 12)])
+    where = {vm: (h, i) for h, host in enumerate(fleet) for i, g in enumerate(host) for _p, _s, vm in g}
+    place = fd.vgpumgr_fleet()
+    assert place(fleet, 24, ()) is None
+    assert fd.any_plan(fleet, 24, 1) is None  # no VM in a start's way alone has a free start elsewhere
+    moves, at = fd.any_plan(fleet, 24, 2)
+    assert len(moves) == 2 and moves[0][0] == 2 and moves[1][2][:2] == (1, 0)
+    for vm, (h, i), (h2, i2, p) in moves:  # the plan is real: applied in order, every move lands on free GB
+        size = next(s for _p, s, v in fleet[h][i] if v == vm)
+        assert h2 != h and p in pid.creatable(48, pid.supported(48, size), size, fd._taken(fleet[h2][i2]))
+        fleet[h][i] = [x for x in fleet[h][i] if x[2] != vm]
+        fleet[h2][i2] = sorted([*fleet[h2][i2], (p, size, vm)])
+    assert at[2] in pid.creatable(48, pid.supported(48, 24), 24, fd._taken(fleet[at[0]][at[1]]))
+    fleet = _fleet_with([(0, 16, 1), (24, 24, 9)], [(0, 8, 2), *small, (24, 24, 10)], [(0, 24, 11), (24, 16, 12)])
+    assert fd.compact(fleet, 24, 2, place, where) is None  # the planner's destinations are `fleet place`'s
+    full = _fleet_with([(0, 16, 1), (16, 8, 6), (24, 24, 9)], [(0, 8, 2), *small, (24, 24, 10)],
+                       [(0, 24, 11), (24, 16, 12), (40, 8, 7)])
+    assert fd.any_plan(full, 24, 2) is None
+
+
+def test_the_bench_counts_the_whole_trace_beside_the_first_refusal() -> None:
+    events = [("arrive", v, 24) for v in range(1, 131)] + [
+        ("leave", 1, 0), ("arrive", 200, 24)]
+    row = fd.replay(events, fd.vgpumgr_fleet())
+    # 128 halves of 48 GB: the 129th and 130th are refused, and after a departure the last arrival is accepted
+    assert (row.first, row.accepted, row.arrivals, row.moves) == (128, 129, 131, 0)
+    fleet, size = row.refused
+    assert size == 24 and sum(len(g) for host in fleet for g in host) == 128
