@@ -235,6 +235,8 @@ def _verdict(rows: dict[str, Row], hi: int) -> tuple[bool, str]:
     """Whether (d) leaves room for +10 %, and the target's verdict on the trace; where (c, k=2) misses it, whether
     any plan of at most two migrations existed at its first refusal (`any_plan`)."""
     b, c2 = rows["b"].first, rows["c2"]
+    if rows["b"].refused is None:
+        return False, "no room: (b) refuses nothing before the trace ends (give more --events)"
     if hi < 1.10 * b:
         return False, "no room: (d) < 1.10 x (b)"
     if c2.first >= 1.10 * b:
