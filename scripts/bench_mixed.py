@@ -9,7 +9,8 @@ trace through `placement.place` on simulated L40S GPUs and gets the same choices
 for the trace's prefix: the most arrivals that some placement, knowing the whole trace, accepts in full. (d) is
 printed as one number where proved and as `lo-hi` where not: lo is a placement found (an online row's or a
 depth-first search's), hi the first arrival at which the VMs present need more GB than the GPUs have or cannot
-be packed on them even placed afresh; an exhaustive search that finds no placement of lo + 1 proves lo.
+be packed on them even placed afresh; an exhaustive search that finds no placement of lo + 1 proves lo. The
+upper end is searched first with the trace played backwards (`backwards`), where the fullest moment comes first.
 
 Columns: VMs accepted before the first refusal, and the share of all arrivals accepted when refused VMs are
 dropped and the trace goes on. Targets (issue 41; the room left on one GPU is made by moving VMs across hosts,
@@ -157,20 +158,48 @@ class _Budget(Exception):
 
 
 class _Slots:
-    """Bit masks of a region's starts and the most GB a set of sizes can still fill around a mask."""
+    """A region cut into the blocks no start of `sizes` crosses (the halves of a GPU: NVIDIA's algorithm starts
+    every type of up to half the region inside one half), each block's starts as offsets, with the second half
+    mirrored where that makes the two alike (then every block is the same and the search treats equal ones once);
+    bit masks of the starts and the most GB a set of sizes can still fill around a mask."""
 
     def __init__(self, region: int, sizes: Sequence[int]) -> None:
         self.region = region
-        self.ids = {s: pid.supported(region, s) for s in sizes}
+        full = {s: pid.supported(region, s) for s in sizes}
+        half = region // 2
+        first = {s: tuple(p for p in full[s] if p + s <= half) for s in sizes}
+        second = {s: tuple(p - half for p in full[s] if p >= half) for s in sizes}
+        mirrored = {s: tuple(sorted(half - o - s for o in second[s])) for s in sizes}
+        whole = all(len(first[s]) + len(second[s]) == len(full[s]) for s in sizes)
+        if whole and (second == first or mirrored == first):
+            self.unit, self.per_gpu, self.ids = half, 2, first
+            self.flip = second != first  # the second half's offsets run backwards
+        else:
+            self.unit, self.per_gpu, self.ids, self.flip = region, 1, full, False
+        # a block whose mirror image has the same starts: a block and its mirror are one state
+        self.symmetric = all(tuple(sorted(self.unit - o - s for o in self.ids[s])) == self.ids[s] for s in sizes)
         self.span = {(p, s): ((1 << s) - 1) << p for s in sizes for p in self.ids[s]}
         self._fill: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def block(self, start: int, size: int) -> tuple[int, int]:
+        """(block of the GPU, offset in it) of a start on the GPU."""
+        if self.per_gpu == 1:
+            return 0, start
+        if start < self.unit:
+            return 0, start
+        return 1, (self.unit - (start - self.unit) - size) if self.flip else start - self.unit
+
+    def canonical(self, vgpus: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
+        if not self.symmetric:
+            return vgpus
+        return min(vgpus, tuple(sorted((self.unit - o - s, s, d) for o, s, d in vgpus)))
 
     def fill(self, mask: int, sizes: tuple[int, ...]) -> int:
         """Most GB that vGPUs of `sizes` (any number of each) cover in the free slots of `mask`."""
         key = (mask, sizes)
         if key not in self._fill:
-            best = [0] * (self.region + 1)
-            for x in range(self.region - 1, -1, -1):
+            best = [0] * (self.unit + 1)
+            for x in range(self.unit - 1, -1, -1):
                 b = best[x + 1]
                 for s in sizes:
                     span = self.span.get((x, s))
@@ -195,7 +224,7 @@ def _packs(sl: _Slots, sizes: Sequence[int], budget: int, held: Sequence[int] = 
     """Do `sizes` fit at once on GPUS GPUs whose slots `held` (bit masks) are taken, each at a placement ID of
     its own (no history)? None: the budget ran out first."""
     items = sorted(sizes, reverse=True)
-    masks = list(held) or [0] * GPUS
+    masks = list(held) or [0] * (GPUS * sl.per_gpu)
     failed: set[tuple[int, tuple[int, ...]]] = set()
     nodes = 0
 
@@ -251,9 +280,10 @@ def upper_bound(region: int, events: Sequence[Event], lo: int, budget: int = 20_
 
 def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) -> tuple[int, bool]:
     """The most arrivals a depth-first search over every (GPU, placement ID) accepts in full, up to `target`:
-    (count, whether the search was exhaustive, proving `target` out of reach when count < target). Starts are
-    tried cheapest first by vgpumgr's cost, identical GPUs once, and a state (every GPU's vGPUs by start, size
-    and departure) that failed before is not tried again; a state whose later arrivals cannot fit (the `room`
+    (count, whether the search was exhaustive, proving `target` out of reach when count < target). It places
+    in the GPUs' halves (`_Slots`), starts tried cheapest first by vgpumgr's cost, alike halves once, and a
+    state (every half's vGPUs by offset, size and departure, halves in any order) that failed before is not
+    tried again; a state whose later arrivals cannot fit (the `room`
     test at each later arrival) is cut."""
     arrivals = [i for i, (kind, _, _) in enumerate(events) if kind == "arrive"][:target]
     last = arrivals[-1]
@@ -262,8 +292,8 @@ def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) 
     leaves = {vm: i for i, (kind, vm, _) in enumerate(events) if kind == "leave"}
     todo = [(i, events[i][2], leaves.get(events[i][1], never)) for i in arrivals]  # (step, size, departure)
     sl = _Slots(region, SIZES[region])
-    types = [pid.TypeSlots(str(s), s, pid.supported(region, s)) for s in MODEL_SIZES[region]]
-    gpus: list[list[tuple[int, int, int]]] = [[] for _ in range(GPUS)]  # (start, size, departure step)
+    types = [pid.TypeSlots(str(s), s, sl.ids[s]) for s in SIZES[region]]
+    blocks: list[list[tuple[int, int, int]]] = [[] for _ in range(GPUS * sl.per_gpu)]  # (offset, size, departure)
     failed: set[tuple[int, tuple[tuple[tuple[int, int, int], ...], ...]]] = set()
     nodes = deepest = 0
 
@@ -282,7 +312,7 @@ def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) 
             coming = [s for st, s, dep in todo[j:] if st <= step < dep]
             if not coming:
                 continue
-            masks = [sum(sl.span[(p, s)] for p, s, dep in g if dep > step) for g in gpus]
+            masks = [sum(sl.span[(p, s)] for p, s, dep in g if dep > step) for g in blocks]
             if not sl.room(masks, coming):
                 return False
             if step in tight:
@@ -303,7 +333,7 @@ def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) 
             raise _Budget
         kind = events[k][0]
         if kind == "leave":
-            for g in gpus:
+            for g in blocks:
                 for x in g:
                     if x[2] == k:
                         g.remove(x)
@@ -312,26 +342,26 @@ def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) 
                         g.sort()
                         return found
             return search(k + 1, j)
-        state = (k, tuple(sorted(tuple(g) for g in gpus)))
+        state = (k, tuple(sorted(sl.canonical(tuple(g)) for g in blocks)))
         if state in failed or not later_fit(j):
             failed.add(state)
             return False
         _, size, dep = todo[j]
         options, seen = [], set()
-        for i, g in enumerate(gpus):
-            if tuple(g) in seen:
+        for i, g in enumerate(blocks):
+            if sl.canonical(tuple(g)) in seen:
                 continue
-            seen.add(tuple(g))
+            seen.add(sl.canonical(tuple(g)))
             occupied = [(p, s) for p, s, _ in g]
-            for p in pid.creatable(region, sl.ids[size], size, occupied):
-                options.append((*pid.pack_order(pid.cost(region, types, occupied, p, size),
-                                                sum(s for _, s in occupied) / region), i, p))
+            for p in pid.creatable(sl.unit, sl.ids[size], size, occupied):
+                options.append((*pid.pack_order(pid.cost(sl.unit, types, occupied, p, size),
+                                                sum(s for _, s in occupied) / sl.unit), i, p))
         for *_order, i, p in sorted(options):
-            gpus[i].append((p, size, dep))
-            gpus[i].sort()
+            blocks[i].append((p, size, dep))
+            blocks[i].sort()
             if search(k + 1, j + 1):
                 return True
-            gpus[i].remove((p, size, dep))
+            blocks[i].remove((p, size, dep))
         failed.add(state)
         return False
 
@@ -343,11 +373,33 @@ def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) 
     return deepest, True
 
 
-def optimum(region: int, events: Sequence[Event], known: int, budget: int = 20_000) -> tuple[int, int]:
+def backwards(events: Sequence[Event], n: int) -> list[Event]:
+    """The first `n` arrivals played backwards: the VMs present at the n-th arrival come first (largest first),
+    each departure becomes an arrival and each arrival a departure. VMs share the GPUs at the same moments, so a
+    placement accepts one in full exactly when it accepts the other; the search meets the fullest moment, where
+    few placements remain, first instead of last."""
+    end = [i for i, (kind, _, _) in enumerate(events) if kind == "arrive"][n - 1]
+    prefix = events[:end + 1]
+    size = {vm: s for kind, vm, s in prefix if kind == "arrive"}
+    gone = {vm for kind, vm, _ in prefix if kind == "leave"}
+    out: list[Event] = [("arrive", vm, s) for vm, s in sorted(size.items(), key=lambda v: -v[1]) if vm not in gone]
+    for kind, vm, _ in reversed(prefix):
+        out.append(("arrive", vm, size[vm]) if kind == "leave" else ("leave", vm, 0))
+    return out
+
+
+def optimum(region: int, events: Sequence[Event], known: int, budget: int = 20_000, back: int = 400
+            ) -> tuple[int, int]:
     """(lo, hi): the offline optimum lies between; equal when proved. `known`: a count an online row reached
-    (its placements accept that prefix in full)."""
+    (its placements accept that prefix in full). The upper end is searched backwards first (`back` nodes a
+    try: the fullest moment decides it quickly or not at all), then forwards from the lower end."""
     hi = upper_bound(region, events, known)
     lo = known
+    while lo < hi:
+        got, exhaustive = lower_bound(region, backwards(events, hi), hi, back)
+        if got < hi and not exhaustive:
+            break
+        lo, hi = (hi, hi) if got >= hi else (lo, hi - 1)
     while lo < hi:
         got, exhaustive = lower_bound(region, events, lo + 1, budget)
         if got > lo:

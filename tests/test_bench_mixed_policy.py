@@ -83,3 +83,8 @@ def test_offline_optimum_proves_a_prefix_out_of_reach(monkeypatch) -> None:  # n
               ("arrive", 5, 4), ("arrive", 6, 8)]
     assert bench.upper_bound(48, events, 0) == 6
     assert bench.optimum(48, events, 0) == (5, 5)
+    # played backwards (the VMs present at the end first, departures as arrivals) the answer is the same
+    assert bench.backwards(events, 6)[:3] == [("arrive", 1, 24), ("arrive", 4, 8), ("arrive", 6, 8)]
+    got, exhaustive = bench.lower_bound(48, bench.backwards(events, 6), 6, 1000)
+    assert exhaustive and got < 6
+    assert bench.lower_bound(48, bench.backwards(events, 5), 5, 1000) == (5, True)
