@@ -18,7 +18,7 @@ scripts/bench_fleet_density.py): (c) >= (b) summed over the traces, and (c) with
 Within 5 % counts as met only where proved against hi; "unproved" where (c) is within 5 % of lo but not of hi.
 The gain over (b) is still printed.
 
-    python3 scripts/bench_mixed.py [--seeds 2] [--events 240] [--budget 20000]
+    python3 scripts/bench_mixed.py [--seeds 2] [--events 240] [--budget 20000] [--decisive]
 """
 
 from __future__ import annotations
@@ -278,13 +278,15 @@ def upper_bound(region: int, events: Sequence[Event], lo: int, budget: int = 20_
     return n
 
 
-def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) -> tuple[int, bool]:
+def lower_bound(region: int, events: Sequence[Event], target: int, budget: int,
+                start: tuple[int, list[Gpu]] | None = None) -> tuple[int, bool]:
     """The most arrivals a depth-first search over every (GPU, placement ID) accepts in full, up to `target`:
     (count, whether the search was exhaustive, proving `target` out of reach when count < target). It places
     in the GPUs' halves (`_Slots`), starts tried cheapest first by vgpumgr's cost, alike halves once, and a
     state (every half's vGPUs by offset, size and departure, halves in any order) that failed before is not
     tried again; a state whose later arrivals cannot fit (the `room`
-    test at each later arrival) is cut."""
+    test at each later arrival) is cut. `start`: (arrivals already placed, the GPUs then), to search on from an
+    online row's state."""
     arrivals = [i for i, (kind, _, _) in enumerate(events) if kind == "arrive"][:target]
     last = arrivals[-1]
     events = events[:last + 1]
@@ -294,6 +296,17 @@ def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) 
     sl = _Slots(region, SIZES[region])
     types = [pid.TypeSlots(str(s), s, sl.ids[s]) for s in SIZES[region]]
     blocks: list[list[tuple[int, int, int]]] = [[] for _ in range(GPUS * sl.per_gpu)]  # (offset, size, departure)
+    first, step0 = 0, 0
+    if start is not None:
+        first, held = start
+        step0 = arrivals[first] if first < len(arrivals) else len(events)
+        for g, vgpus in enumerate(held):
+            for p, size, vm in vgpus:
+                half, offset = sl.block(p, size)
+                if leaves.get(vm, never) > step0:  # not gone before the search begins
+                    blocks[g * sl.per_gpu + half].append((offset, size, leaves.get(vm, never)))
+        for b in blocks:
+            b.sort()
     failed: set[tuple[int, tuple[tuple[tuple[int, int, int], ...], ...]]] = set()
     nodes = deepest = 0
 
@@ -367,7 +380,7 @@ def lower_bound(region: int, events: Sequence[Event], target: int, budget: int) 
 
     sys.setrecursionlimit(10_000)
     try:
-        search(0, 0)
+        search(step0, first)
     except _Budget:
         return deepest, False
     return deepest, True
@@ -411,12 +424,86 @@ def optimum(region: int, events: Sequence[Event], known: int, budget: int = 20_0
     return lo, hi
 
 
+def before(events: Sequence[Event], place: Callable[[list[Gpu], int], tuple[int, int] | None], k: int
+           ) -> tuple[Event, list[Gpu]]:
+    """The k-th arrival (from 0) and the GPUs as `place` left them just before it (every earlier one accepted)."""
+    gpus: list[Gpu] = [[] for _ in range(GPUS)]
+    where: dict[int, int] = {}
+    seen = 0
+    for kind, vm, size in events:
+        if kind == "leave":
+            if vm in where:
+                g = gpus[where.pop(vm)]
+                g[:] = [x for x in g if x[2] != vm]
+            continue
+        if seen == k:
+            return (kind, vm, size), gpus
+        seen += 1
+        i, p = place(gpus, size) or (None, None)
+        assert i is not None and p is not None, "before: an earlier arrival was refused"
+        gpus[i].append((p, size, vm))
+        gpus[i].sort()
+        where[vm] = i
+    raise ValueError(f"before: the trace has no arrival {k}")
+
+
+def decisive(region: int, events: Sequence[Event], first: int, need: int, budget: int = 20_000
+             ) -> tuple[int, list[tuple[int, int, int, bool | None]]] | None:
+    """The online row (c)'s last choice after which no placement reaches `need` arrivals in full: (its arrival, and
+    for every (GPU, start) it could have taken there: GPU, start, vgpumgr's cost, whether `need` stays
+    reachable). `first`: (c)'s count (it reaches that far). None when the search could not tell."""
+    place = vgpumgr_policy(region)
+    types = [pid.TypeSlots(str(s), s, pid.supported(region, s)) for s in MODEL_SIZES[region]]
+
+    def reachable(k: int, gpus: list[Gpu]) -> bool | None:
+        got, exhaustive = lower_bound(region, events, need, budget, (k, gpus))
+        return True if got >= need else False if exhaustive else None
+
+    # from the last arrival back: the later the state, the fewer arrivals are left to search
+    lo = first
+    while True:
+        got = reachable(lo, before(events, place, lo)[1])
+        if got is None or (got is False and lo == 0):
+            return None
+        if got:
+            break
+        lo -= 1
+    if lo == first:
+        return None
+    (_, vm, size), gpus = before(events, place, lo)
+    options = []
+    for i, g in enumerate(gpus):
+        occupied = [(p, s) for p, s, _ in g]
+        for p in pid.creatable(region, pid.supported(region, size), size, occupied):
+            after = [list(x) for x in gpus]
+            after[i] = sorted(after[i] + [(p, size, vm)])
+            options.append((i, p, pid.cost(region, types, occupied, p, size), reachable(lo + 1, after)))
+    return lo, options
+
+
+def explain(region: int, events: Sequence[Event], first: int, optimum_: int, budget: int) -> str:
+    need = -(-95 * optimum_ // 100)
+    found = decisive(region, events, first, need, budget)
+    if found is None:
+        return f"not found within the search budget ({need} needed)"
+    k, options = found
+    (_, _, size), gpus = before(events, vgpumgr_policy(region), k)
+    taken = vgpumgr_policy(region)(gpus, size)
+    kept = [o for o in options if o[3]]
+    cost = next(o[2] for o in options if (o[0], o[1]) == taken)
+    return (f"arrival {k + 1} ({size} GB): (c) takes GPU {taken[0]} at {taken[1]} (cost {cost} GB) and {need} is out "
+            f"of reach; {len(kept)} of its {len(options)} (GPU, start) choices keep it reachable, costing "
+            + ", ".join(str(o[2]) for o in sorted(kept, key=lambda o: o[2])) + " GB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--events", type=int, default=240)
     ap.add_argument("--budget", type=int, default=20_000, help="search nodes per proof of (d)")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the totals (bench_all)")
+    ap.add_argument("--decisive", action="store_true",
+                    help="on a trace that misses 5 %% of a proved optimum, name (c)'s choice that decided it")
     args = ap.parse_args()
     t0 = time.monotonic()
     ok = True
@@ -444,6 +531,8 @@ def main() -> int:
                 gain = (c / max(b, 1) - 1) * 100
                 print(f"{name:34} {'targets':22} (c)/(b) {gain:+.1f} %, (c)/(d) >= {c / max(hi, 1):.1%}: "
                       + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
+                if args.decisive and lo == hi and verdicts["c>=0.95d"] == "MISSED":
+                    print(f"{name:34} {'decisive choice':22} {explain(region, events, c, hi, args.budget)}")
                 sums = totals.setdefault(f"{region}-{mix}", [0, 0, 0, 0, 0, 0])
                 for i, v in enumerate((b, c, lo, hi, int(all(v == "met" for v in verdicts.values())),
                                        int(hi < 1.10 * b))):

@@ -88,3 +88,19 @@ def test_offline_optimum_proves_a_prefix_out_of_reach(monkeypatch) -> None:  # n
     got, exhaustive = bench.lower_bound(48, bench.backwards(events, 6), 6, 1000)
     assert exhaustive and got < 6
     assert bench.lower_bound(48, bench.backwards(events, 5), 5, 1000) == (5, True)
+
+
+def test_decisive_choice_is_named(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(bench, "GPUS", 1)
+    # two 4Q (the policy: 20, then 12, its cheapest start), the first leaves, then a 16Q, a 24Q and a 4Q: the
+    # 4Q at 12 sends the 16Q to 32 and leaves the 24Q no start; only the costlier 24 keeps the first four placeable
+    # (16Q at 32, 24Q at 0)
+    events = [("arrive", 1, 4), ("arrive", 2, 4), ("leave", 1, 0), ("arrive", 3, 16), ("arrive", 4, 24),
+              ("arrive", 5, 4)]
+    assert bench.replay(events, bench.vgpumgr_policy(48))[0] == 3
+    assert bench.optimum(48, events, 3) == (4, 4)
+    arrival, options = bench.decisive(48, events, 3, 4)
+    assert arrival == 1
+    assert bench.vgpumgr_policy(48)(bench.before(events, bench.vgpumgr_policy(48), 1)[1], 4) == (0, 12)
+    assert {(start, cost) for _, start, cost, kept in options if kept} == {(24, 63)}
+    assert min(cost for _, _, cost, _ in options) == 35
