@@ -30,6 +30,7 @@ change (the time inside the publisher), the fleet page's first screen <= 1 s, al
 growing less than linearly with the hosts.
 
     .venv/bin/python scripts/bench_fleet.py [--scales 1000,3000,10000] [--queries 200] [--pairs 100] [--json]
+    .venv/bin/python scripts/bench_fleet.py --only publish --scales 10000 --pairs 200  # publishing alone
     .venv/bin/python scripts/bench_fleet.py --report run.json  # the tables of a run saved with --json
 """
 
@@ -301,7 +302,10 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
             "added_ms_per_change": (statistics.median(on) - statistics.median(off)) / 2}
 
 
-def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services: int) -> dict[str, Any]:
+def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services: int,
+        only: str | None = None) -> dict[str, Any]:
+    """Every row at each scale; with `only="publish"`, the fleet built and churned as for every row, but only the
+    host's publishing timed."""
     from fleethosts import Fleet
     from pg import PgServer
 
@@ -363,6 +367,14 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
                                         "--churn-rate", str(churn_rate), "--churn-boards", str(boards)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
+            if only == "publish":
+                row = {"hosts": n + services + 1, "simulated_hosts": n, "real_services": services,
+                       "load_average": os.getloadavg(), **host_path(host_on, host_off, pairs)}
+                row["load_average_after"] = os.getloadavg()
+                results.append(row)
+                print(f"  {n} simulated hosts: publish mean {row['publish_mean_ms']:.2f} ms, p99 "
+                      f"{row['publish_ms']['p99']:.2f} ms", file=sys.stderr)
+                continue
 
             def place(i: int) -> None:
                 reader.fleet_place(FleetRequest(rng.choice(TYPES), strategy="spread" if i % 2 else "pack"))
@@ -438,7 +450,7 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
 
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return {"scales": results, "targets": TARGETS, "churn_per_s": churn_rate, "gpus_per_host": 8,
-            "boards": [b for b, _ in BOARDS], "types": list(TYPES)}
+            "boards": [b for b, _ in BOARDS], "types": list(TYPES), "only": only}
 
 
 def main() -> int:
@@ -448,6 +460,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=100, help="allocate+release pairs per scale on the host's path")
     ap.add_argument("--churn-rate", type=float, default=20.0, help="changes published per second meanwhile")
     ap.add_argument("--services", type=int, default=4, help="real services beside the simulated hosts")
+    ap.add_argument("--only", choices=("publish",), help="time only this row (the fleet still built and churned)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--report", metavar="FILE", help="print the tables of a run saved with --json")
     ap.add_argument("--churn", metavar="URL", help=argparse.SUPPRESS)
@@ -460,7 +473,7 @@ def main() -> int:
     if a.report:  # the tables again from a run's --json
         report(json.loads(Path(a.report).read_text()))
         return 0
-    r = run([int(x) for x in a.scales.split(",")], a.queries, a.pairs, a.churn_rate, a.services)
+    r = run([int(x) for x in a.scales.split(",")], a.queries, a.pairs, a.churn_rate, a.services, a.only)
     if a.json:
         print(json.dumps(r))
         return 0
@@ -472,6 +485,9 @@ def report(r: dict[str, Any]) -> None:
     services = r["scales"][0]["real_services"]
     print(f"hosts: simulated (8 GPUs each: {', '.join(r['boards'])}) + {services} real services + 1 host-path "
           f"service, one PostgreSQL; {r['churn_per_s']:g} changes/s published meanwhile")
+    if r.get("only") == "publish":
+        report_publish(r)
+        return
     head = ["hosts", "GPU rows", "type rows", "place p50/p99", "REST place p99", "migrating p99",
             "capacity --type p50/p99", "capacity p99", "page p50/p99", "publish mean/p99", "pair on/off"]
     rows = [[str(s["hosts"]), str(s["gpu_rows"]), str(s["capacity_rows"]),
@@ -511,6 +527,20 @@ def report(r: dict[str, Any]) -> None:
         grew = last[key]["p50"] / first[key]["p50"]
         print(f"{what}: x{grew:.2f} from {first['hosts']} to {last['hosts']} hosts (x{hosts:.1f}): "
               f"{'less than linear' if grew < hosts else 'NOT less than linear'}")
+
+
+def report_publish(r: dict[str, Any]) -> None:
+    """`--only publish`: the time inside the publisher per change, and the pair with publishing on and off."""
+    print("hosts  publishes  mean  p50  p99  max (ms)  pair on/off (ms)  load average before / after")
+    for s in r["scales"]:
+        p = s["publish_ms"]
+        print(f"{s['hosts']}  {p['n']}  {s['publish_mean_ms']:.2f}  {p['p50']:.2f}  {p['p99']:.2f}  {p['max']:.2f}"
+              f"  {s['pair_ms_on']:.1f}/{s['pair_ms_off']:.1f}  "
+              + " / ".join(" ".join(f"{x:.1f}" for x in s[k]) for k in ("load_average", "load_average_after")))
+    last = r["scales"][-1]
+    value, target = last["publish_ms"]["p99"], r["targets"]["publish_p99_ms"]
+    print(f"publishing per change p99 at {last['hosts']} hosts: {value:.2f} ms (target <= {target:g} ms: "
+          f"{'met' if value <= target else 'MISSED'})")
 
 
 if __name__ == "__main__":

@@ -212,3 +212,61 @@ def test_a_full_publish_and_a_change_of_one_host_at_once_do_not_deadlock(
     b.join(30)
     assert not a.is_alive() and not b.is_alive()
     assert errors == []
+
+
+def test_a_change_takes_its_hosts_publish_lock_before_it_locks_a_row(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The change statement takes the host's publish lock itself (one round trip, vgpumgr.fleet.writes): while
+    another transaction holds the lock, the waiting change holds none of the host's fleet rows."""
+    import threading
+    import time
+
+    from sqlalchemy import create_engine
+
+    if not fresh_db_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-l")
+    svc.publish_fleet()
+    svc.allocate("T4-4Q", vm="web1")  # the GPU is published: its next change is the one statement
+    host = {"h": svc.host_id(None)}  # type: ignore[arg-type]
+    engine = create_engine(fresh_db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    done: list[object] = []
+    try:
+        with engine.connect() as holder, engine.connect() as probe:
+            holder.execute(text("SELECT pg_advisory_xact_lock(1986490485, :h)"), host)
+            change = threading.Thread(target=lambda: done.append(svc.allocate("T4-4Q", vm="web2")))
+            change.start()
+            waiting = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                           "AND classid = 1986490485 AND objid = :h AND objsubid = 2")
+            for _ in range(300):
+                if probe.execute(waiting, host).scalar():
+                    break
+                probe.rollback()
+                time.sleep(0.1)
+            else:
+                pytest.fail("the change never waited for its host's publish lock")
+            for table in ("fleet_capacity", "fleet_gpus", "fleet_host_types", "fleet_hosts"):
+                probe.execute(text(f"SELECT 1 FROM {table} WHERE host_id = :h FOR UPDATE NOWAIT"), host)
+            probe.rollback()
+            holder.rollback()
+            change.join(30)
+        assert not change.is_alive() and len(done) == 1
+        assert _row(svc, T4, "T4-4Q") == (2, 2)
+    finally:
+        engine.dispose()
+
+
+def test_a_lookup_between_changes_keeps_the_change_statement_prepared(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """psycopg 3 forgets every statement it prepared at a ROLLBACK: a lookup (`svc.reads()`, which a release
+    starts with) ends with COMMIT instead, so the change statement is planned once per connection, not per change."""
+    if not fresh_db_url.startswith("postgresql"):
+        pytest.skip("statements are prepared on PostgreSQL")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-m")
+    svc.publish_fleet()
+    for _ in range(3):
+        svc.release(svc.allocate("T4-4Q")["uuid"])
+    with svc.tx() as s:
+        runs = s.execute(text("SELECT generic_plans + custom_plans FROM pg_prepared_statements "
+                              "WHERE statement LIKE 'WITH l AS%'")).scalar()
+    assert runs == 6  # three allocations and three releases, on the one connection (before: 1 or 2)

@@ -190,11 +190,24 @@ def session_factory(url_or_engine: str | Engine | None = None) -> sessionmaker[S
     return sessionmaker(bind=engine, expire_on_commit=False)
 
 
+class ReadSession(Session):
+    """A session that only reads: its transaction ends with COMMIT when the block ends without an error (for a
+    transaction that wrote nothing the same as a rollback). psycopg 3 discards every statement it prepared on the
+    connection at each ROLLBACK (and sends DEALLOCATE ALL): a lookup ended by rollback made the next change plan
+    its publishing statement again (~0.7 ms on the server) and cost a round trip more."""
+
+    def __exit__(self, type_: Any, value: Any, traceback: Any) -> None:
+        if type_ is None and self.in_transaction():
+            self.commit()
+        super().__exit__(type_, value, traceback)
+
+
 def read_sessions(url_or_engine: str | Engine | None = None) -> sessionmaker[Session]:
     """Sessions for reading only: on SQLite a plain (deferred) BEGIN instead of BEGIN IMMEDIATE, so a
     lookup neither takes nor waits for the database's write lock. Writing through one is a mistake."""
     engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
-    return sessionmaker(bind=engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
+    return sessionmaker(bind=engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False,
+                        class_=ReadSession)
 
 
 def _alembic_config(engine: Engine) -> Any:

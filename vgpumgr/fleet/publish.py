@@ -125,15 +125,16 @@ class Publisher:
         s.info.setdefault(_ON_ROLLBACK, []).append(lambda: self._forget(caps, everything))
         host_id = self.ctx.host_id(s)
         gpu_count, vgpus = sum(1 for g in inv.gpus if not g.is_vf), len(inv.mdevs) + len(inv.vf_vgpus)
-        writes.lock_host(s, host_id)
         if rows or everything:
+            writes.lock_host(s, host_id)
             writes.write_gpus(s, host_id, rows, prune_types=True)
             if heal:
                 writes.prune_gpus(s, host_id, [g.address for g in caps])
             if counts_only:
                 writes.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
             writes.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus)
-        else:  # the usual change: one GPU this process published before, one statement on PostgreSQL (after the lock)
+        else:  # the usual change: one GPU this process published before, one statement on PostgreSQL that takes
+            # the host's lock first (one round trip)
             writes.write_counts(s, host_id, counts_only, gpu_count, vgpus)
         self.last_ms = (time.perf_counter() - started) * 1000
         return len(changed)

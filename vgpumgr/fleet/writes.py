@@ -130,15 +130,21 @@ def _types_sql(pg: bool) -> tuple[str, ...]:
     return gone, upsert, mark
 
 
+# 0x76677075 ("vgpu"): the advisory lock space of a host's publishes (lock_host)
+_PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
+
 # A change of a GPU this process already published moves only counts: the type rows' free, used and max, the
 # GPU's vGPUs and mode, the host's heartbeat. On PostgreSQL that is one statement (plain UPDATEs: a row whose
 # counts did not move is neither rewritten nor locked); a row missing there is healed by the next full publish.
 # The GPU's room (region_mb, used_mb) comes with it, summed from the same type rows in Python (GpuCapacity),
 # and room_at = published_at says it is this release's (a previous one moves published_at alone).
+# It takes the host's publish lock (lock_host) first, in the same round trip: every part reads its rows through
+# `l`, which takes the lock, so no row is locked or written before it is held.
 # The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
 # changed rows are read, not every row of the host's touched types.
 _PG_CHANGE = (
-    "WITH v AS (SELECT * FROM unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
+    f"WITH l AS MATERIALIZED ({_PUBLISH_LOCK}), "
+    "v AS (SELECT v.* FROM l, unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
     "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
     "o AS (SELECT c.gpu, c.type_id, c.short, c.free AS was_free, c.used AS was_used, c.max AS was_max, v.free, "
     "v.used, v.max FROM fleet_capacity c JOIN v ON c.gpu = v.gpu AND c.type_id = v.type_id WHERE c.host_id = "
@@ -152,11 +158,11 @@ _PG_CHANGE = (
     "used = t.used + d.used, max = t.max + d.max FROM d WHERE t.host_id = %(h)s AND t.short = d.short AND "
     "(d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0) RETURNING 1), "
     "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, region_mb = u.region_mb, used_mb = u.used_mb, "
-    "published_at = now(), room_at = now() FROM unnest(%(address)s::varchar[], %(vgpus)s::int[], %(mode)s::varchar[], "
-    "%(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb) "
+    "published_at = now(), room_at = now() FROM l, unnest(%(address)s::varchar[], %(vgpus)s::int[], "
+    "%(mode)s::varchar[], %(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb) "
     "WHERE g.host_id = %(h)s AND g.address = u.address RETURNING 1) "
     "UPDATE fleet_hosts SET heartbeat_at = now(), generation = generation + 1, "
-    + _KEEP_TYPES.format(t="fleet_hosts") + ", gpus = %(gpus)s, vgpus = %(total)s WHERE host_id = %(h)s")
+    + _KEEP_TYPES.format(t="fleet_hosts") + ", gpus = %(gpus)s, vgpus = %(total)s FROM l WHERE host_id = %(h)s")
 _PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT 1"  # the same without the host row
 _SQLITE_CHANGE = (
     "UPDATE fleet_capacity SET free = ?, used = ?, max = ? WHERE host_id = ? AND gpu = ? AND type_id = ? AND "
@@ -245,15 +251,14 @@ class HostFacts:
     stale_after_s: float
 
 
-# 0x76677075 ("vgpu"): the advisory lock space of a host's publishes
-_PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
 
 
 def lock_host(s: Session, host_id: int) -> None:
     """One publish of a host at a time, until its transaction ends (PostgreSQL). Its processes (the service, a
     hook, the CLI) publish into the same rows in two orders: a full publish the GPU row, then the capacity rows;
     a change (one statement) the capacity rows, then the GPU row and the host row. Two at once deadlocked
-    (tests/test_fleet_publish.py). SQLite has one writer at a time already."""
+    (tests/test_fleet_publish.py). SQLite has one writer at a time already. The change statement (_PG_CHANGE)
+    takes the same lock itself, first."""
     if _pg(s):
         _run(s, "lock", {"h": host_id}, sql=_PUBLISH_LOCK)
 

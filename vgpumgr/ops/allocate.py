@@ -344,6 +344,8 @@ def release(svc: Context, ref: str, *, actor: str | None = None, grace: float = 
             svc.record_failure(audit.VGPU_REMOVE, e, actor=actor, vm=vm_name, vgpu=uuid or address)
             raise
         svc.touch(gpu, parent)
+        if svc.fleet.wanted:  # the touched GPU re-read now, outside the release's transaction (placement reads it
+            svc.snapshot()  # next anyway): the publish in it then only computes and writes, as after allocate
     # The device is gone; until this commits the live record keeps placement off it (never the reverse).
     with svc.tx() as s:
         if not store.release_live(s, row):  # a concurrent release of the same vGPU recorded it first
