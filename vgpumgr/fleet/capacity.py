@@ -150,6 +150,7 @@ class _Load:
         self.pending = [a for a in allocs if a.key in pending_keys]
         self.pending_profiles = [i.mig_profile for a, i in infos if a.key in pending_keys and i.mig_profile]
         self.free_gis = free_gis.get(g.address)  # None: MIG is off
+        self.mixed = placement_mixed.is_mixed(g)  # once per GPU, not per type (a publish's ~20 %)
         vfs = px.vfs_of.get(g.address)
         busy = {a.parent for a in allocs}
         self.vfs = vfs
@@ -165,7 +166,7 @@ def _type_capacity(px: Placer, g: Gpu, info: Any, load: _Load) -> TypeCapacity:
         return TypeCapacity(info.type, info.name, info.short, info.backend, None, free, used, used + free)
     limit = _limit(px, g, info)
     free, made = _nvidia_free(g, info, load, limit)
-    if not info.mig_profile and not load.mig_backed and placement_mixed.is_mixed(g):
+    if not info.mig_profile and not load.mig_backed and load.mixed:
         free = placement_mixed.free_count(px, g.address, info, load.sliced)  # creatable placements, not sizes
     if free > 0 or made > 0:
         parents, spare = _parents_free(listed, load)
