@@ -216,8 +216,8 @@ def test_a_full_publish_and_a_change_of_one_host_at_once_do_not_deadlock(
 
 def test_a_change_takes_its_hosts_publish_lock_before_it_locks_a_row(
         tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The change statement takes the host's publish lock itself (one round trip, vgpumgr.fleet.writes): while
-    another transaction holds the lock, the waiting change holds none of the host's fleet rows."""
+    """A change sends the host's publish lock and its statement together (one round trip, vgpumgr.fleet.writes):
+    while another transaction holds the lock, the waiting change holds none of the host's fleet rows."""
     import threading
     import time
 
@@ -252,6 +252,54 @@ def test_a_change_takes_its_hosts_publish_lock_before_it_locks_a_row(
             change.join(30)
         assert not change.is_alive() and len(done) == 1
         assert _row(svc, T4, "T4-4Q") == (2, 2)
+    finally:
+        engine.dispose()
+
+
+def test_a_change_that_waited_for_its_hosts_lock_reads_what_the_holder_wrote(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The change statement's snapshot is older than the lock it waited for: a row the holder changed, which the
+    change would leave alone by its old value, is still read at its newest and set right, with the summary."""
+    import threading
+    import time
+
+    from sqlalchemy import create_engine
+
+    if not fresh_db_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-n")
+    svc.publish_fleet()
+    svc.allocate("T4-4Q", vm="web1")  # equal-size mode: T4-8Q has no room on the GPU, before and after web2
+    host = {"h": svc.host_id(None), "g": T4}  # type: ignore[arg-type]
+    engine = create_engine(fresh_db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as holder, engine.connect() as probe:
+            holder.execute(text("SELECT pg_advisory_xact_lock(1986490485, :h)"), host)
+            holder.execute(text("UPDATE fleet_capacity SET free = 5 WHERE host_id = :h AND gpu = :g "
+                                "AND short = 'T4-8Q'"), host)  # another publish's (wrong) view, with its summary
+            holder.execute(text("UPDATE fleet_host_types SET free = free + 5, open_gpus = open_gpus + 1 "
+                                "WHERE host_id = :h AND short = 'T4-8Q'"), host)
+            change = threading.Thread(target=lambda: svc.allocate("T4-4Q", vm="web2"))
+            change.start()
+            waiting = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                           "AND classid = 1986490485 AND objid = :h AND objsubid = 2")
+            for _ in range(300):
+                if probe.execute(waiting, host).scalar():
+                    break
+                probe.rollback()
+                time.sleep(0.1)
+            else:
+                pytest.fail("the change never waited for its host's publish lock")
+            holder.commit()
+            change.join(30)
+        assert not change.is_alive()
+        assert _row(svc, T4, "T4-8Q") == (0, 0) and _row(svc, T4, "T4-4Q") == (2, 2)
+        with svc.reads() as s:
+            summary = s.execute(text("SELECT free, open_gpus FROM fleet_host_types WHERE host_id = :h "
+                                     "AND short = 'T4-8Q'"), host).one()
+            rows = s.execute(text("SELECT sum(free), sum(CASE WHEN free > 0 THEN 1 ELSE 0 END) FROM fleet_capacity "
+                                  "WHERE host_id = :h AND short = 'T4-8Q'"), host).one()
+        assert tuple(summary) == tuple(rows)
     finally:
         engine.dispose()
 

@@ -135,25 +135,28 @@ _PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
 
 # A change of a GPU this process already published moves only counts: the type rows' free, used and max, the
 # GPU's vGPUs and mode, the host's heartbeat. On PostgreSQL that is one statement (plain UPDATEs: a row whose
-# counts did not move is neither rewritten nor locked); a row missing there is healed by the next full publish.
+# counts did not move is not rewritten); a row missing there is healed by the next full publish.
 # The GPU's room (region_mb, used_mb) comes with it, summed from the same type rows in Python (GpuCapacity),
 # and room_at = published_at says it is this release's (a previous one moves published_at alone).
 # It takes the host's publish lock (lock_host) first, in the same round trip: every part reads its rows through
-# `l`, which takes the lock, so no row is locked or written before it is held.
+# `l`, which takes the lock, so no row is locked or written before it is held. The statement's snapshot is older
+# than the lock (a publish that held it may have committed meanwhile), so every row whose old values it reads is
+# locked first (READ COMMITTED then reads its newest version), and only then compared with the new values.
 # The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
-# changed rows are read, not every row of the host's touched types.
+# touched GPUs' rows are read, not every row of the host's touched types.
 _PG_CHANGE = (
     f"WITH l AS MATERIALIZED ({_PUBLISH_LOCK}), "
     "v AS (SELECT v.* FROM l, unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
     "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
     "o AS (SELECT c.gpu, c.type_id, c.short, c.free AS was_free, c.used AS was_used, c.max AS was_max, v.free, "
     "v.used, v.max FROM fleet_capacity c JOIN v ON c.gpu = v.gpu AND c.type_id = v.type_id WHERE c.host_id = "
-    "%(h)s AND (c.free, c.used, c.max) IS DISTINCT FROM (v.free, v.used, v.max) FOR UPDATE OF c), "
-    "c AS (UPDATE fleet_capacity c SET free = o.free, used = o.used, max = o.max FROM o WHERE c.host_id = %(h)s "
-    "AND c.gpu = o.gpu AND c.type_id = o.type_id RETURNING 1), "
+    "%(h)s FOR UPDATE OF c), "
+    "m AS (SELECT * FROM o WHERE (was_free, was_used, was_max) IS DISTINCT FROM (free, used, max)), "
+    "c AS (UPDATE fleet_capacity c SET free = m.free, used = m.used, max = m.max FROM m WHERE c.host_id = %(h)s "
+    "AND c.gpu = m.gpu AND c.type_id = m.type_id RETURNING 1), "
     "d AS (SELECT short, sum(CASE WHEN free > 0 THEN 1 ELSE 0 END - CASE WHEN was_free > 0 THEN 1 ELSE 0 END) AS "
     "open_gpus, sum(free - was_free) AS free, sum(used - was_used) AS used, "
-    "sum(coalesce(max, 0) - coalesce(was_max, 0)) AS max FROM o GROUP BY short), "
+    "sum(coalesce(max, 0) - coalesce(was_max, 0)) AS max FROM m GROUP BY short), "
     "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + d.open_gpus, free = t.free + d.free, "
     "used = t.used + d.used, max = t.max + d.max FROM d WHERE t.host_id = %(h)s AND t.short = d.short AND "
     "(d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0) RETURNING 1), "
