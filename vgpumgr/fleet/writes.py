@@ -254,8 +254,6 @@ class HostFacts:
     stale_after_s: float
 
 
-
-
 def lock_host(s: Session, host_id: int) -> None:
     """One publish of a host at a time, until its transaction ends (PostgreSQL). Its processes (the service, a
     hook, the CLI) publish into the same rows in two orders: a full publish the GPU row, then the capacity rows;
