@@ -80,6 +80,22 @@ def rooms(s: Session, host_ids: Sequence[int], least_mb: int = 0) -> list[Room]:
     return sorted(out)
 
 
+_ROOM = "(g.region_mb - g.used_mb)"  # ix_fleet_gpus_room's own expression
+_ROOMY = f"g.vgpus > 0 AND {_ROOM} >= coalesce(t.framebuffer_mb, 0) AND NOT {UNROOMED} AND {{where}}"
+# PostgreSQL: the host's type row, freshness and cordon looked up for each GPU as the room index is walked (the
+# OFFSET keeps the planner from joining every offering host first: 190 ms at 10,000 hosts, against 7)
+_ROOMIEST = {
+    "postgresql": (
+        "SELECT g.host_id, g.address, g.region_mb, g.used_mb, t.host FROM fleet_gpus g CROSS JOIN LATERAL (SELECT "
+        "t.host FROM fleet_host_types t JOIN fleet_hosts h ON h.host_id = t.host_id WHERE t.host_id = g.host_id AND "
+        f"t.short = :short AND {_ROOMY.replace('g.vgpus > 0 AND ', '')} OFFSET 0) t WHERE g.vgpus > 0 "
+        f"ORDER BY {_ROOM} DESC LIMIT :limit"),
+    "sqlite": (
+        "SELECT g.host_id, g.address, g.region_mb, g.used_mb, t.host FROM fleet_gpus g JOIN fleet_host_types t ON "
+        "t.host_id = g.host_id AND t.short = :short JOIN fleet_hosts h ON h.host_id = g.host_id WHERE "
+        f"{_ROOMY} ORDER BY {_ROOM} DESC, g.host_id, g.address LIMIT :limit")}
+
+
 def roomiest(s: Session, short: str, limit: int) -> tuple[list[Room], dict[int, str]]:
     """A large fleet's GPUs the hint reads: holding vGPUs on fresh, uncordoned hosts offering the type with no free
     instance of it, with the type's GB free (by the host's smallest framebuffer of it), the most room first, at
@@ -87,15 +103,9 @@ def roomiest(s: Session, short: str, limit: int) -> tuple[list[Room], dict[int, 
     every host without room first. Their host names too; a GPU whose room a previous release left behind is
     summed from its own rows (`rooms`)."""
     d = s.get_bind().dialect.name
-    room = "(g.region_mb - g.used_mb)"  # the index's own expression
     where = f"t.free = 0 AND {_FRESH[d]} AND {_UNCORDONED}"
-    sql = text(
-        f"SELECT g.host_id, g.address, g.region_mb, g.used_mb, t.host FROM fleet_gpus g JOIN fleet_host_types t ON "
-        f"t.host_id = g.host_id AND t.short = :short JOIN fleet_hosts h ON h.host_id = g.host_id WHERE g.vgpus > 0 "
-        f"AND {room} >= coalesce(t.framebuffer_mb, 0) AND NOT {UNROOMED} AND {where} "
-        f"ORDER BY {room} DESC, g.host_id, g.address LIMIT :limit")
-    rows = s.execute(sql, {"short": short, "limit": limit}).all()
-    out = [Room(r[0], r[1], r[2], int(r[3] or 0)) for r in rows]
+    rows = s.execute(text(_ROOMIEST[d].format(where=where)), {"short": short, "limit": limit}).all()
+    out = sorted((Room(r[0], r[1], r[2], int(r[3] or 0)) for r in rows), key=lambda r: (-r.region_mb + r.used_mb, r))
     names = {r[0]: r[4] for r in rows}
     behind = [h for (h,) in s.execute(text(f"SELECT DISTINCT g.host_id FROM fleet_gpus g WHERE {UNROOMED}"))]
     if behind:  # empty once every host runs this release
