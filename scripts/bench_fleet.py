@@ -202,12 +202,12 @@ def churn(url: str, hosts: int, rate: float, boards: str) -> None:
 
 NO_ROOM_TYPE = "A100D-40C"  # offered by every A100 host, none with room (they are in MIG mode): `place` then
 # names the fragmented GPU and plans the fleet's compaction
-STATEMENTS = (("vgpumgr.fleet.ranked", ("host_count", "counts", "candidates", "irregular", "no_capacity_hosts",
+STATEMENTS = (("vgpumgr.fleet.ranked", ("host_count", "counts", "candidates", "irregular",
                                         "page_counts", "page_hosts", "placeable_free")),
               ("vgpumgr.fleet.store", ("hosts", "offer_groups", "open_gpus", "capacity_by_host", "gpus",
                                        "slot_rows")),
               ("vgpumgr.fleet.compaction", ("full_gpus", "held", "vm_counts")),
-              ("vgpumgr.fleet.fragmented", ("rooms", "loads", "vgpus")),
+              ("vgpumgr.fleet.fragmented", ("roomiest", "rooms", "loads", "vgpus")),
               ("vgpumgr.ops.fleet_compact", ("plan", "_lookup")))
 
 

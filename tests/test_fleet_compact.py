@@ -46,6 +46,12 @@ def _plan(h: SimHost, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[int
     return rc, json.loads(out) if out else {}, err
 
 
+def _place_json(h: SimHost, monkeypatch: pytest.MonkeyPatch) -> dict:
+    rc, out, _ = _cli(h, monkeypatch, "fleet", "place", "--type", "L40S-24Q", "--json")
+    assert rc == 4
+    return json.loads(out)["compact"]
+
+
 def test_the_fewest_moves_across_hosts_make_room_and_the_type_then_places(fleet: list[SimHost],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     a, b, c = fleet
@@ -83,6 +89,23 @@ def test_the_fewest_moves_across_hosts_make_room_and_the_type_then_places(fleet:
     monkeypatch.setattr("vgpumgr.ops.fleet_compact.HINT_LOOKUPS", 0)
     rc, out, _ = _cli(c, monkeypatch, "fleet", "place", "--type", "L40S-24Q", "--json")
     assert rc == 4 and json.loads(out)["compact"]["cut_short"]
+    monkeypatch.undo()
+
+    # a large fleet's hint reads the GPUs with the most room first, and the plan the GPUs with the fewest vGPUs,
+    # each up to a bound: past it the answer says so, and what it names is still a valid plan
+    whole = _place_json(a, monkeypatch)
+    monkeypatch.setattr("vgpumgr.ops.fleet.EVERY_HOST_UP_TO", 0)
+    assert _place_json(a, monkeypatch) == whole and "cut_short" not in whole  # all 3 GPUs read: the same answer
+    monkeypatch.setattr("vgpumgr.ops.fleet.FRAGMENTED_GPUS", 1)  # host-b's or host-c's, 46 GB free: not judged
+    monkeypatch.setattr("vgpumgr.ops.fleet_compact.HINT_GPUS", 1)  # host-b's or host-c's, one stray VM each
+    hint = _place_json(a, monkeypatch)
+    assert hint["cut_short"] and hint["full_plan"] == "vgpumgr fleet compact --for L40S-24Q"
+    assert (hint["how"], hint["moves"]) == ("empty-gpu", 1)
+    [mv] = hint["plan"]
+    assert {(mv["vm"], mv["from"], mv["to"])} <= {("stray", "host-b", "host-c"), ("c1", "host-c", "host-b")}
+    monkeypatch.setattr("vgpumgr.ops.fleet_compact.HINT_GPUS", 3)  # the plan reads all: only the hint was cut
+    hint = _place_json(a, monkeypatch)
+    assert hint["cut_short"] and (hint["host"], hint["plan"]) == ("host-b", whole["plan"])
     monkeypatch.undo()
 
     rc, p, _ = _plan(a, monkeypatch)

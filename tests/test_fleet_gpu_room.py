@@ -76,3 +76,22 @@ def test_a_gpu_whose_room_a_previous_release_left_behind_is_summed_from_its_rows
     with svc.reads() as s:
         assert fragmented.rooms(s, [host_id], 8192) == [fragmented.Room(host_id, T4, 16384, 2048)]
         assert fragmented.rooms(s, [host_id], 16384) == []
+
+
+def test_a_large_fleets_hint_walks_the_gpus_with_the_most_room_on_hosts_without_a_free_instance(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "room-c")
+    svc.allocate("T4-2Q", vm="web1", policy=Policy(pin_gpu=T4))  # 14 GB free
+    svc.allocate("T4-1Q", vm="web2", policy=Policy(pin_gpu=T4_B))  # 15 GB free: no T4-8Q free on this host
+    svc.publish_fleet()
+    with svc.reads() as s:
+        host_id = s.execute(text("SELECT id FROM hosts WHERE name = :h"), {"h": svc.hostname}).scalar_one()
+        rooms, names = fragmented.roomiest(s, "T4-8Q", 2)
+        assert [(r.gpu, r.region_mb - r.used_mb) for r in rooms] == [(T4_B, 15360), (T4, 14336)]
+        assert names == {host_id: svc.hostname}
+        assert [r.gpu for r in fragmented.roomiest(s, "T4-8Q", 1)[0]] == [T4_B]  # the most room first
+        assert fragmented.roomiest(s, "T4-2Q", 2)[0] == []  # a free instance on the host: it has room
+        assert fragmented.roomiest(s, "T4-16Q", 2)[0] == []  # no GPU has 16 GB free
+    svc.cordon_host(svc.hostname, reason="maintenance")
+    with svc.reads() as s:
+        assert fragmented.roomiest(s, "T4-8Q", 2)[0] == []  # a cordoned host is never named

@@ -104,15 +104,6 @@ def irregular(s: Session, short: str) -> list[int]:
     return [r[0] for r in s.execute(sql, {"short": short})]
 
 
-def no_capacity_hosts(s: Session, short: str, limit: int) -> list[tuple[int, str, int | None]]:
-    """Fresh, uncordoned hosts offering the type with no free instance of it (where compaction may make one): id,
-    name and the type's (smallest) framebuffer there."""
-    sql = text(f"SELECT t.host_id, t.host, t.framebuffer_mb FROM fleet_host_types t JOIN fleet_hosts h ON "
-               f"h.host_id = t.host_id WHERE t.short = :short AND t.free = 0 AND {_FRESH[_dialect(s)]} AND "
-               f"{_UNCORDONED} ORDER BY t.host LIMIT :limit")
-    return [(r[0], r[1], r[2]) for r in s.execute(sql, {"short": short, "limit": limit})]
-
-
 # -- the fleet page ----------------------------------------------------------------------------------------
 
 # a host's state by the stale hosts found through the index (a hashed list), not by the heartbeat of each host

@@ -12,8 +12,8 @@ from typing import Any
 from vgpumgr import ids
 from vgpumgr.db.models import FleetGpu
 from vgpumgr.errors import Busy, InvalidInput, NotFound
+from vgpumgr.fleet import fragmented, ranked, store, writes
 from vgpumgr.fleet import place as fleet_place
-from vgpumgr.fleet import ranked, store, writes
 from vgpumgr.nvidia import compat
 from vgpumgr.ops.context import Context
 
@@ -21,7 +21,7 @@ HEARTBEAT_LOCK_WAIT_S = 5.0
 SHOW_GPUS_OF = 5  # ranked hosts whose GPUs a decision names (all a large fleet's decision ranks)
 EVERY_HOST_UP_TO = 200  # a fleet this small gets a line per host in every decision
 FIRST_BATCH = 16  # hosts of a large fleet read at first; twice as many each further round
-FRAGMENTED_OF = 1000  # hosts without room a large fleet's fragmentation hint reads, by name
+FRAGMENTED_GPUS = 64  # GPUs with the type's GB free a large fleet's fragmentation hint reads, the most room first
 NVIDIA = "10de"
 
 
@@ -173,12 +173,12 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
         gpus = store.open_gpus(s, request.type, list(first.values()))
         single = None
         if d.choice is None and request.count == 1 and hint:
-            least = 0  # a small fleet's GPUs are all read
-            if full is None:
-                found = ranked.no_capacity_hosts(s, store.type_match(request.type), FRAGMENTED_OF)
-                full = [(h, name) for h, name, _fb in found]
-                least = min((fb for _h, _name, fb in found if fb), default=0)
-            single = _fragmented(s, request, dict(full), least)
+            if full is None:  # a large fleet: the GPUs with the most room first, read up to a bound
+                rooms, names = fragmented.roomiest(s, store.type_match(request.type), FRAGMENTED_GPUS + 1)
+                cut = len(rooms) > FRAGMENTED_GPUS
+                single = _fragmented(s, request, rooms[:FRAGMENTED_GPUS], names, cut)
+            else:
+                single = _fragmented(s, request, fragmented.rooms(s, [h for h, _ in full]), dict(full), False)
     if single is not None:
         d = replace(d, compact=single)
     return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
@@ -223,17 +223,26 @@ def _place_ranked(s: Any, request: fleet_place.FleetRequest, total: int
     return d, rows
 
 
-def _fragmented(s: Any, request: fleet_place.FleetRequest, names: dict[int, str], least_mb: int
-                ) -> dict[str, Any] | None:
-    """No host fits: of the hosts without capacity, the GPU whose `gpu compact` frees a start with fewest moves
-    (`least_mb`: at most the type's framebuffer on those hosts, where the GPUs' room is read from)."""
-    from vgpumgr.fleet import fragmented
-
-    rooms = fragmented.rooms(s, list(names), least_mb)
+def _fragmented(s: Any, request: fleet_place.FleetRequest, rooms: list[fragmented.Room], names: dict[int, str],
+                cut: bool) -> dict[str, Any] | None:
+    """No host fits: of the GPUs with room on hosts without capacity, the one whose `gpu compact` frees a start
+    with fewest moves. `cut`: more GPUs had room than were read; the hint says so (`cut_short`) and names `fleet
+    compact --for`, which searches the whole fleet."""
     held = fragmented.vgpus(s, sorted({r.host_id for r in rooms}))  # only the hosts with GB to spare
     # the type's rows only of the GPUs it can judge (every vGPU's placement known)
     loads = fragmented.loads(s, request.type, [r for r in rooms if fragmented.judged(held.get((r.host_id, r.gpu)))])
-    return fragmented.suggest(request.type, loads, held, names)
+    found = fragmented.suggest(request.type, loads, held, names)
+    if not cut:
+        return found
+    return {**(found or NO_HINT), "type": store.type_match(request.type), **cut_short(request.type)}
+
+
+NO_HINT = {"host": None, "gpu": None, "moves": None, "start": None, "vms": []}
+
+
+def cut_short(type_name: str) -> dict[str, Any]:
+    """What a hint bounded by what it reads says: the search was cut short, and the command that searches it all."""
+    return {"cut_short": True, "full_plan": f"vgpumgr fleet compact --for {store.type_match(type_name)}"}
 
 
 def _migrating(s: Any, request: fleet_place.FleetRequest) -> fleet_place.Migrating | None:

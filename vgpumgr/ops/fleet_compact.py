@@ -31,6 +31,9 @@ TRIED = 200  # options whose destinations are looked for before giving up (each 
 # destination lookups (each a `fleet place`: 25-150 ms at 10,000 hosts) `fleet place`'s hint may make before it
 # says the search was cut short; `fleet compact` itself has no such limit
 HINT_LOOKUPS = 4
+# GPUs without room `fleet place`'s plan reads (fewest vGPUs first; `fleet compact`: compaction.CANDIDATES): past
+# them it says the search was cut short too
+HINT_GPUS = 32
 _LEFT = ("lookups left",)
 
 
@@ -39,8 +42,9 @@ class _CutShort(Exception):
 
 
 def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per_host: int = PER_HOST,
-         fits_check: bool = True, lookups: int | None = None) -> dict[str, Any]:
-    """The plan; with `lookups`, at most that many destination lookups (`cut_short` says when they ran out)."""
+         fits_check: bool = True, lookups: int | None = None, gpus: int | None = None) -> dict[str, Any]:
+    """The plan; with `lookups`, at most that many destination lookups, and with `gpus`, of at most that many
+    GPUs (`cut_short` says when either bound was reached: a plan found is valid, yet may not be the fewest moves)."""
     from vgpumgr.ops import fleet as fleet_ops
 
     req = FleetRequest(type_name)  # validates the name
@@ -58,9 +62,11 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
             out.update(feasible=True, placed=d.choice.host, why=f"host {d.choice.host} can take {short} now")
             return out
     with svc.reads() as s:
-        gpus = compaction.full_gpus(s, short)
-        held = compaction.held(s, sorted({g.host_id for g in gpus}))
-        found = compaction.options(gpus, held, max_moves)
+        full = compaction.full_gpus(s, short, gpus + 1 if gpus else compaction.CANDIDATES)
+        out["cut_short"] = gpus is not None and len(full) > gpus
+        full = full[:gpus] if gpus else full
+        held = compaction.held(s, sorted({g.host_id for g in full}))
+        found = compaction.options(full, held, max_moves)
         vms: dict[int, set[str]] = {}
         for o in found[:TRIED]:
             vms.setdefault(o.host_id, set()).update(o.vms)
@@ -83,7 +89,10 @@ def plan(svc: Context, type_name: str, *, max_moves: int | None = MAX_MOVES, per
             out.update(feasible=True, host=o.host, gpu=o.gpu, how=o.how, start=o.start, moves=moves,
                        why=f"moving {len(moves)} VM(s) off {o.gpu} on {o.host} {what}")
             return out
-    if not found:
+    if out["cut_short"]:
+        out["why"] = (f"no plan frees {short} off the first {gpus} GPU(s) without room (fewest vGPUs first): "
+                      f"`vgpumgr fleet compact --for {short}` searches more")
+    elif not found:
         out["why"] = (f"no GPU offering {short} can be made free by at most {max_moves} live migration(s) of "
                       "running VMs" if max_moves else f"no GPU offering {short} can be made free by live migrations")
     else:
@@ -226,8 +235,9 @@ def place(svc: Context, request: FleetRequest, *, every_host: bool = False) -> A
     """`fleet place` (vgpumgr.ops.fleet.place) with, when no host can take one vGPU, the fewest migrations that
     make room in its `compact` hint: the single GPU whose `gpu compact` frees a start, or the fleet's plan when
     it needs fewer moves or is the only one; the plan's moves either way (`plan`: VM, from, to, why). The plan
-    is searched with at most HINT_LOOKUPS destination lookups: past them `cut_short` and `full_plan` (`fleet
-    compact --for TYPE`, which searches every option) say so."""
+    is searched with at most HINT_LOOKUPS destination lookups over HINT_GPUS GPUs, and a large fleet's hint reads
+    its GPUs with the most room up to a bound (vgpumgr.ops.fleet.FRAGMENTED_GPUS): past any bound `cut_short` and
+    `full_plan` (`fleet compact --for TYPE`, which searches further) say so."""
     from dataclasses import replace
 
     from vgpumgr.ops import fleet as fleet_ops
@@ -235,21 +245,21 @@ def place(svc: Context, request: FleetRequest, *, every_host: bool = False) -> A
     d = fleet_ops.place(svc, request, every_host=every_host)
     if d.choice is not None or request.count != 1 or request.vm is not None:
         return d
-    single = d.compact
-    p = plan(svc, request.type, fits_check=False, lookups=HINT_LOOKUPS)
+    hinted = d.compact or {}
+    single = hinted if hinted.get("host") else None
+    p = plan(svc, request.type, fits_check=False, lookups=HINT_LOOKUPS, gpus=HINT_GPUS)
+    cut = fleet_ops.cut_short(p["type"]) if p["cut_short"] or hinted.get("cut_short") else {}
     if not (p["feasible"] and p["moves"]):
-        cut = {"cut_short": True, "full_plan": f"vgpumgr fleet compact --for {p['type']}"} if p["cut_short"] else {}
         if single is None:
             return d if not cut else replace(d, compact={
-                "host": None, "gpu": None, "type": p["type"], "moves": None, "start": None, "vms": [], "how": None,
-                "plan": None, "command": cut["full_plan"], **cut})
+                **fleet_ops.NO_HINT, "type": p["type"], "how": None, "plan": None, "command": cut["full_plan"], **cut})
         return replace(d, compact={**single, "how": "placement", "plan": None,
                                    "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}", **cut})
     same = single is not None and (single["host"], single["gpu"]) == (p["host"], p["gpu"])
     if single is not None and not same and single["moves"] < len(p["moves"]):
         return replace(d, compact={**single, "how": "placement", "plan": None,
-                                   "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}"})
-    return replace(d, compact={**(single if same else {"free_gb": None}), **hint_of(p)})
+                                   "command": f"vgpumgr gpu compact {single['gpu']} --for {single['type']}", **cut})
+    return replace(d, compact={**(single if same else {"free_gb": None}), **hint_of(p), **cut})
 
 
 def hint_of(p: dict[str, Any]) -> dict[str, Any]:
