@@ -416,7 +416,7 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
                    "capacity_all_ms": quantiles(timed(capacity_all, max(10, queries // 10))),
                    "rest_place_ms": rest_ms, "page_ms": page_ms,
                    "migrating_place_ms": quantiles(timed(migrate, max(10, queries // 10)))}
-            row["no_room_place_ms"] = quantiles(timed(no_room, max(5, queries // 20)))
+            row["no_room_place_ms"] = quantiles(timed(no_room, max(20, queries // 2)))
             row["compact_plan_ms"] = quantiles(timed(lambda _: reader.fleet_compact_plan(NO_ROOM_TYPE), 5))
             with Statements() as st:  # one more round of each, its reads timed apart
                 for i in range(2 * len(TYPES)):

@@ -196,8 +196,16 @@ class ReadSession(Session):
     connection at each ROLLBACK (and sends DEALLOCATE ALL): a lookup ended by rollback made the next change plan
     its publishing statement again (~0.7 ms on the server) and cost a round trip more."""
 
+    _wrote = False
+
+    def flush(self, objects: Any = None) -> None:
+        # a lookup that wrongly changed an object must not make it stick: such a session ends in a rollback
+        self._wrote = self._wrote or bool(self.new or self.dirty or self.deleted)
+        super().flush(objects)
+
     def __exit__(self, type_: Any, value: Any, traceback: Any) -> None:
-        if type_ is None and self.in_transaction():
+        wrote = self._wrote or bool(self.new or self.dirty or self.deleted)
+        if type_ is None and not wrote and self.in_transaction():
             self.commit()
         super().__exit__(type_, value, traceback)
 
