@@ -261,6 +261,7 @@ CREATE TABLE fleet_capacity (
 	PRIMARY KEY (host_id, gpu, type_id), 
 	CONSTRAINT fk_fleet_capacity_gpu FOREIGN KEY(host_id, gpu) REFERENCES fleet_gpus (host_id, address) ON DELETE CASCADE
 );
+CREATE INDEX ix_fleet_capacity_short ON fleet_capacity (short);
 CREATE TABLE vgpumgr_schema (
 	id INTEGER NOT NULL, 
 	contract_level INTEGER NOT NULL, 

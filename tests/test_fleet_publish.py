@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -219,7 +220,6 @@ def test_a_change_takes_its_hosts_publish_lock_before_it_locks_a_row(
     """A change sends the host's publish lock and its statement together (one round trip, vgpumgr.fleet.writes):
     while another transaction holds the lock, the waiting change holds none of the host's fleet rows."""
     import threading
-    import time
 
     from sqlalchemy import create_engine
 
@@ -236,15 +236,7 @@ def test_a_change_takes_its_hosts_publish_lock_before_it_locks_a_row(
             holder.execute(text("SELECT pg_advisory_xact_lock(1986490485, :h)"), host)
             change = threading.Thread(target=lambda: done.append(svc.allocate("T4-4Q", vm="web2")))
             change.start()
-            waiting = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                           "AND classid = 1986490485 AND objid = :h AND objsubid = 2")
-            for _ in range(300):
-                if probe.execute(waiting, host).scalar():
-                    break
-                probe.rollback()
-                time.sleep(0.1)
-            else:
-                pytest.fail("the change never waited for its host's publish lock")
+            _wait_for_the_lock(probe, host)
             for table in ("fleet_capacity", "fleet_gpus", "fleet_host_types", "fleet_hosts"):
                 probe.execute(text(f"SELECT 1 FROM {table} WHERE host_id = :h FOR UPDATE NOWAIT"), host)
             probe.rollback()
@@ -261,7 +253,6 @@ def test_a_change_that_waited_for_its_hosts_lock_reads_what_the_holder_wrote(
     """The change statement's snapshot is older than the lock it waited for: a row the holder changed, which the
     change would leave alone by its old value, is still read at its newest and set right, with the summary."""
     import threading
-    import time
 
     from sqlalchemy import create_engine
 
@@ -281,15 +272,7 @@ def test_a_change_that_waited_for_its_hosts_lock_reads_what_the_holder_wrote(
                                 "WHERE host_id = :h AND short = 'T4-8Q'"), host)
             change = threading.Thread(target=lambda: svc.allocate("T4-4Q", vm="web2"))
             change.start()
-            waiting = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                           "AND classid = 1986490485 AND objid = :h AND objsubid = 2")
-            for _ in range(300):
-                if probe.execute(waiting, host).scalar():
-                    break
-                probe.rollback()
-                time.sleep(0.1)
-            else:
-                pytest.fail("the change never waited for its host's publish lock")
+            _wait_for_the_lock(probe, host)
             holder.commit()
             change.join(30)
         assert not change.is_alive()
@@ -318,3 +301,17 @@ def test_a_lookup_between_changes_keeps_the_change_statement_prepared(
         runs = s.execute(text("SELECT generic_plans + custom_plans FROM pg_prepared_statements "
                               "WHERE statement LIKE 'WITH l AS%'")).scalar()
     assert runs == 6  # three allocations and three releases, on the one connection (before: 1 or 2)
+
+
+def _wait_for_the_lock(probe: Any, host: dict[str, Any]) -> None:
+    """Until the host's change waits for its publish lock (another connection holds it)."""
+    import time
+
+    waiting = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                   "AND classid = 1986490485 AND objid = :h AND objsubid = 2")
+    for _ in range(300):
+        if probe.execute(waiting, host).scalar():
+            return
+        probe.rollback()
+        time.sleep(0.1)
+    pytest.fail("the change never waited for its host's publish lock")

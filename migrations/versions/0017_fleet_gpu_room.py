@@ -5,8 +5,9 @@ place`'s fragmentation hint finds the GPUs with a type's GB free, and `fleet com
 summing every GPU's rows of fleet_capacity. An index of the GPUs holding vGPUs by the framebuffer they have
 free (`ix_fleet_gpus_room`) gives the hint the GPUs with a type's GB free from one range; one by their vGPUs
 (`ix_fleet_gpus_held`) gives `fleet compact` the GPUs holding the fewest first, and a type's row of one GPU is
-found from `ix_fleet_capacity_short_gpu` (short, host, GPU: it replaces `ix_fleet_capacity_short`, whose scans
-it serves as well) instead of reading every type row of the GPU. None of them is on a type row's counts, which
+found from `ix_fleet_capacity_short_gpu` (short, host, GPU; it serves `ix_fleet_capacity_short`'s scans as well,
+but that index stays: an expand step removes nothing while the previous release may still run) instead of
+reading every type row of the GPU. None of them is on a type row's counts, which
 every change moves (those rows are still updated in place).
 
 `fleet_gpus.room_at` is the `published_at` these were written with: a host still running the previous release
@@ -52,11 +53,9 @@ def upgrade() -> None:
     op.create_index("ix_fleet_gpus_held", "fleet_gpus", ["vgpus", "host_id", "address"],
                     postgresql_where=sa.text(HOLDING), sqlite_where=sa.text(HOLDING))
     op.create_index("ix_fleet_capacity_short_gpu", "fleet_capacity", ["short", "host_id", "gpu"])
-    op.drop_index("ix_fleet_capacity_short", table_name="fleet_capacity")
 
 
 def downgrade() -> None:
-    op.create_index("ix_fleet_capacity_short", "fleet_capacity", ["short"])
     op.drop_index("ix_fleet_capacity_short_gpu", table_name="fleet_capacity")
     op.drop_index("ix_fleet_gpus_held", table_name="fleet_gpus")
     op.drop_index("ix_fleet_gpus_unroomed", table_name="fleet_gpus")

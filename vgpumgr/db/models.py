@@ -496,6 +496,7 @@ class FleetCapacity(Base):
                              name="fk_fleet_capacity_gpu"),
         # not on the counts, which every change moves: PostgreSQL then updates the row in place (HOT, with the
         # room the fill factor leaves) and neither database touches an index
+        Index("ix_fleet_capacity_short", "short"),  # the previous release's; a contract step may drop it
         Index("ix_fleet_capacity_short_gpu", "short", "host_id", "gpu"),  # a type's rows; one GPU's of a type
         {"postgresql_with": {"fillfactor": 70}},
     )

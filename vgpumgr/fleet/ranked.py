@@ -50,23 +50,23 @@ class Counts(NamedTuple):
     no_capacity: int  # offers the type, no room for the request
 
 
-def counts(s: Session, short: str, count: int, nvidia: bool) -> Counts:
-    """Every host by why it could not take `count` of the type before any policy. No pass over the hosts: the
-    type's summary rows are counted by room from their index (ix_fleet_host_types_room), and the few hosts that
-    are stale (ix_fleet_hosts_fresh_until) or cordoned are looked up and taken off."""
+def counts(s: Session, short: str, count: int, nvidia: bool, hosts: int) -> Counts:
+    """Every host (`hosts`, as `host_count` read them) by why it could not take `count` of the type before any
+    policy. No pass over the hosts: the type's summary rows are counted by room from their index
+    (ix_fleet_host_types_room), and the few hosts that are stale (ix_fleet_hosts_fresh_until) or cordoned are
+    looked up and taken off."""
     d = _dialect(s)
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
     sql = text(
         "WITH out_ AS (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE " + _STALE[d] + " UNION ALL "
         "SELECT h.host_id, 0 FROM host_cordons c JOIN fleet_hosts h ON h.host_id = c.host_id WHERE " + _FRESH[d] + ") "
-        "SELECT (SELECT count(*) FROM fleet_hosts), "
-        "(SELECT count(*) FROM fleet_host_types t WHERE t.short = :short), "
+        "SELECT (SELECT count(*) FROM fleet_host_types t WHERE t.short = :short), "
         f"(SELECT count(*) FROM fleet_host_types t WHERE t.short = :short AND {room}), "
         "(SELECT sum(o.stale) FROM out_ o), (SELECT count(*) - sum(o.stale) FROM out_ o), "
         "(SELECT count(*) FROM out_ o JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short), "
         f"(SELECT count(*) FROM out_ o JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short "
         f"WHERE {room})")
-    hosts, offering, roomy, stale, cordoned, offering_out, roomy_out = (
+    offering, roomy, stale, cordoned, offering_out, roomy_out = (
         int(x or 0) for x in s.execute(sql, {"short": short, "count": count}).one())
     offered = offering - offering_out  # by fresh, uncordoned hosts
     return Counts(hosts, stale, cordoned, hosts - stale - cordoned - offered, offered - (roomy - roomy_out))

@@ -211,7 +211,7 @@ def _place_ranked(s: Any, request: fleet_place.FleetRequest, total: int
             break
         offset, limit = offset + limit, limit * 2
     d = fleet_place.place(rows, groups, request, migrating)
-    c = ranked.counts(s, short, request.count, nvidia)
+    c = ranked.counts(s, short, request.count, nvidia, total)
     counted = {fleet_place.STALE: c.stale, fleet_place.CORDONED: c.cordoned,
                fleet_place.NOT_OFFERED: c.not_offered, fleet_place.NO_CAPACITY: c.no_capacity}
     for r in d.rejected:  # model-denied, incompatible, source: of the hosts read (those with room)
