@@ -133,7 +133,7 @@ def test_an_aborted_migration_leaves_the_domain_on_a_and_nothing_on_b(hosts: tup
             stats = a.domain(vm_name).jobStats()
             return stats.get("type") == libvirt.VIR_DOMAIN_JOB_UNBOUNDED and stats.get("memory_processed", 0) > 2 << 20
 
-        wait_for("the migration to copy 2 MiB of RAM", copying, timeout=180)
+        wait_for("the migration to copy 2 MiB of RAM", copying, timeout=300)
         assert b.domain(vm_name) is not None  # B holds the incoming domain, paused
         dom.abortJob()
     finally:
