@@ -55,6 +55,12 @@ def among(s: Session, column: Any, ids: Sequence[int]) -> Any:
     return column.in_(list(ids))
 
 
+def behind_hosts(s: Session) -> list[int]:
+    """Hosts with a GPU whose room a previous release left behind (ix_fleet_gpus_unroomed; empty once every host
+    runs this release)."""
+    return [h for (h,) in s.execute(text(f"SELECT DISTINCT g.host_id FROM fleet_gpus g WHERE {UNROOMED}"))]
+
+
 def rooms(s: Session, host_ids: Sequence[int], least_mb: int = 0) -> list[Room]:
     """The hosts' GPUs holding vGPUs with at least `least_mb` free: from the room each GPU's row publishes,
     through its index (summing each GPU's type rows, as this did, took about 170 ms at 10,000 hosts); a GPU
@@ -67,8 +73,7 @@ def rooms(s: Session, host_ids: Sequence[int], least_mb: int = 0) -> list[Room]:
                         g.c.region_mb - g.c.used_mb >= least_mb, text(f"NOT {UNROOMED}")))
     out = [Room(*r) for r in s.execute(published)]
     wanted = set(host_ids)
-    behind = [h for (h,) in s.execute(text(f"SELECT DISTINCT g.host_id FROM fleet_gpus g WHERE {UNROOMED}"))
-              if h in wanted]
+    behind = [h for h in behind_hosts(s) if h in wanted]
     if behind:
         summed = text(
             "SELECT x.host_id, x.gpu, max(x.framebuffer_mb), sum(x.used * coalesce(x.framebuffer_mb, 0)) "
@@ -107,7 +112,7 @@ def roomiest(s: Session, short: str, limit: int) -> tuple[list[Room], dict[int, 
     rows = s.execute(text(_ROOMIEST[d].format(where=where)), {"short": short, "limit": limit}).all()
     out = sorted((Room(r[0], r[1], r[2], int(r[3] or 0)) for r in rows), key=lambda r: (-r.region_mb + r.used_mb, r))
     names = {r[0]: r[4] for r in rows}
-    behind = [h for (h,) in s.execute(text(f"SELECT DISTINCT g.host_id FROM fleet_gpus g WHERE {UNROOMED}"))]
+    behind = behind_hosts(s)
     if behind:  # empty once every host runs this release
         sql = text(f"SELECT t.host_id, t.host, t.framebuffer_mb FROM fleet_host_types t JOIN fleet_hosts h ON "
                    f"h.host_id = t.host_id WHERE t.short = :short AND t.host_id IN :ids AND {where}"
