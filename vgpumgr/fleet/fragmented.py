@@ -94,11 +94,11 @@ _ROOMIEST = {
         "SELECT g.host_id, g.address, g.region_mb, g.used_mb, t.host FROM fleet_gpus g CROSS JOIN LATERAL (SELECT "
         "t.host FROM fleet_host_types t JOIN fleet_hosts h ON h.host_id = t.host_id WHERE t.host_id = g.host_id AND "
         f"t.short = :short AND {_ROOMY.replace('g.vgpus > 0 AND ', '')} OFFSET 0) t WHERE g.vgpus > 0 "
-        f"ORDER BY {_ROOM} DESC LIMIT :limit"),
+        f"ORDER BY {_ROOM} DESC LIMIT {{limit}}"),
     "sqlite": (
         "SELECT g.host_id, g.address, g.region_mb, g.used_mb, t.host FROM fleet_gpus g JOIN fleet_host_types t ON "
         "t.host_id = g.host_id AND t.short = :short JOIN fleet_hosts h ON h.host_id = g.host_id WHERE "
-        f"{_ROOMY} ORDER BY {_ROOM} DESC, g.host_id, g.address LIMIT :limit")}
+        f"{_ROOMY} ORDER BY {_ROOM} DESC, g.host_id, g.address LIMIT {{limit}}")}
 
 
 def roomiest(s: Session, short: str, limit: int) -> tuple[list[Room], dict[int, str]]:
@@ -109,7 +109,7 @@ def roomiest(s: Session, short: str, limit: int) -> tuple[list[Room], dict[int, 
     summed from its own rows (`rooms`)."""
     d = s.get_bind().dialect.name
     where = f"t.free = 0 AND {_FRESH[d]} AND {_UNCORDONED}"
-    rows = s.execute(text(_ROOMIEST[d].format(where=where)), {"short": short, "limit": limit}).all()
+    rows = s.execute(text(_ROOMIEST[d].format(where=where, limit=int(limit))), {"short": short}).all()
     out = sorted((Room(r[0], r[1], r[2], int(r[3] or 0)) for r in rows), key=lambda r: (-r.region_mb + r.used_mb, r))
     names = {r[0]: r[4] for r in rows}
     behind = behind_hosts(s)

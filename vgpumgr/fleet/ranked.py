@@ -38,8 +38,13 @@ def _dialect(s: Session) -> str:
     return s.get_bind().dialect.name
 
 
-def host_count(s: Session) -> int:
-    return int(s.execute(text("SELECT count(*) FROM fleet_hosts")).scalar() or 0)
+def host_count(s: Session, up_to: int | None = None) -> int:
+    """The hosts that published; with `up_to`, counted no further than `up_to` + 1 (is the fleet larger than
+    that?), which reads as many index entries, not every host's."""
+    if up_to is None:
+        return int(s.execute(text("SELECT count(*) FROM fleet_hosts")).scalar() or 0)
+    sql = text("SELECT count(*) FROM (SELECT 1 FROM fleet_hosts LIMIT :n) AS x")
+    return int(s.execute(sql, {"n": up_to + 1}).scalar() or 0)
 
 
 class Counts(NamedTuple):
@@ -50,23 +55,33 @@ class Counts(NamedTuple):
     no_capacity: int  # offers the type, no room for the request
 
 
-def counts(s: Session, short: str, count: int, nvidia: bool, hosts: int) -> Counts:
-    """Every host (`hosts`, as `host_count` read them) by why it could not take `count` of the type before any
-    policy. No pass over the hosts: the type's summary rows are counted by room from their index
-    (ix_fleet_host_types_room), and the few hosts that are stale (ix_fleet_hosts_fresh_until) or cordoned are
-    looked up and taken off."""
+# The hosts out of the running (stale: 1, or cordoned and fresh: 0), a few hundred of ten thousand, listed once:
+# the stale ones from the freshness index, the cordoned ones each looked up by key (on PostgreSQL a lateral
+# subquery that is not flattened: flattened, the planner joined the cordons with every fresh host's index entry).
+_OUT = {
+    "postgresql": ("WITH out_ AS MATERIALIZED (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE {stale} "
+                   "UNION ALL SELECT c.host_id, 0 FROM host_cordons c JOIN LATERAL (SELECT 1 FROM fleet_hosts h "
+                   "WHERE h.host_id = c.host_id AND {fresh} OFFSET 0) AS f ON true)"),
+    "sqlite": ("WITH out_ AS (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE {stale} UNION ALL "
+               "SELECT h.host_id, 0 FROM host_cordons c JOIN fleet_hosts h ON h.host_id = c.host_id WHERE {fresh})")}
+
+
+def counts(s: Session, short: str, count: int, nvidia: bool) -> Counts:
+    """Every host by why it could not take `count` of the type before any policy, in one statement without a
+    pass over the hosts' rows: the type's summary rows counted by room in one pass of their index
+    (ix_fleet_host_types_room), the few hosts out of the running looked up by key and taken off, and the hosts
+    counted from their smallest index."""
     d = _dialect(s)
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
     sql = text(
-        "WITH out_ AS (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE " + _STALE[d] + " UNION ALL "
-        "SELECT h.host_id, 0 FROM host_cordons c JOIN fleet_hosts h ON h.host_id = c.host_id WHERE " + _FRESH[d] + ") "
-        "SELECT (SELECT count(*) FROM fleet_host_types t WHERE t.short = :short), "
-        f"(SELECT count(*) FROM fleet_host_types t WHERE t.short = :short AND {room}), "
-        "(SELECT sum(o.stale) FROM out_ o), (SELECT count(*) - sum(o.stale) FROM out_ o), "
-        "(SELECT count(*) FROM out_ o JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short), "
-        f"(SELECT count(*) FROM out_ o JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short "
-        f"WHERE {room})")
-    offering, roomy, stale, cordoned, offering_out, roomy_out = (
+        _OUT[d].format(stale=_STALE[d], fresh=_FRESH[d])
+        + ", typed AS (SELECT count(*) AS n, count(*) FILTER (WHERE " + room + ") AS roomy FROM fleet_host_types t "
+        "WHERE t.short = :short), "
+        "typed_out AS (SELECT count(*) AS n, count(*) FILTER (WHERE " + room + ") AS roomy FROM out_ o "
+        "JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short) "
+        "SELECT (SELECT count(*) FROM fleet_hosts), typed.n, typed.roomy, (SELECT sum(o.stale) FROM out_ o), "
+        "(SELECT count(*) - sum(o.stale) FROM out_ o), typed_out.n, typed_out.roomy FROM typed, typed_out")
+    hosts, offering, roomy, stale, cordoned, offering_out, roomy_out = (
         int(x or 0) for x in s.execute(sql, {"short": short, "count": count}).one())
     offered = offering - offering_out  # by fresh, uncordoned hosts
     return Counts(hosts, stale, cordoned, hosts - stale - cordoned - offered, offered - (roomy - roomy_out))
@@ -82,7 +97,7 @@ def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, 
     order = "t.free, t.host" if strategy == "pack" else "(-t.free), t.host"
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
     where = [f"t.short = :short AND t.free > 0 AND t.boards = 1 AND {room}", _FRESH[_dialect(s)], _UNCORDONED]
-    params: dict[str, Any] = {"short": short, "count": count, "limit": limit, "offset": offset}
+    params: dict[str, Any] = {"short": short, "count": count}  # LIMIT and OFFSET written in: compaction.full_gpus
     if board:
         where.append("lower(t.device_id) = :board")
         params["board"] = board.lower()
@@ -90,7 +105,7 @@ def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, 
         where.append("(h.driver_version IS NULL OR h.driver_version = :driver)")
         params["driver"] = driver
     sql = text(f"SELECT t.host_id FROM fleet_host_types t JOIN fleet_hosts h ON h.host_id = t.host_id "
-               f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT :limit OFFSET :offset")
+               f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT {int(limit)} OFFSET {int(offset)}")
     return [r[0] for r in s.execute(sql, params)]
 
 

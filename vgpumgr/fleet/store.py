@@ -125,21 +125,44 @@ def open_gpus(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuOffer
 
 # Per host and type: the summary a host keeps (fleet_host_types) where it is true for the host's generation, else
 # the host's own rows summed (a host still running the previous release; see vgpumgr.fleet.ranked)
+# the summarized hosts are those not among the few whose summary is behind (their partial index): the planner
+# cannot estimate `types_generation = generation`, and with it looked up every host's summary row of the type
 _HOST_TYPES = (
     "SELECT t.host_id, t.short, t.name, t.framebuffer_mb, t.gpus, t.open_gpus, t.free, t.used, t.max "
-    "FROM fleet_host_types t JOIN fleet_hosts h ON h.host_id = t.host_id "
-    "WHERE h.types_generation = h.generation{t} UNION ALL "
+    "FROM fleet_host_types t WHERE t.host_id NOT IN (SELECT u.host_id FROM fleet_hosts u WHERE u.types_generation "
+    "IS NULL OR u.types_generation <> u.generation){t} UNION ALL "
     "SELECT c.host_id, c.short, min(c.name), min(c.framebuffer_mb), count(*), "
     "sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), sum(c.free), sum(c.used), sum(coalesce(c.max, 0)) "
     "FROM fleet_capacity c JOIN fleet_hosts h ON h.host_id = c.host_id "
     "WHERE (h.types_generation IS NULL OR h.types_generation <> h.generation){c} GROUP BY c.host_id, c.short")
 
 
-def capacity_by_host(s: Session, wanted: str) -> list[tuple[int, str, int, int, int, int, int]]:
-    """(host id, the type's name, GPUs offering it, of them with a free instance, free, used, max) per host."""
-    sql = text("SELECT host_id, name, gpus, open_gpus, free, used, max FROM ("
-               + _HOST_TYPES.format(t=" AND t.short = :short", c=" AND c.short = :short") + ") AS x")
-    return [tuple(r) for r in s.execute(sql, {"short": type_match(wanted)})]  # type: ignore[misc]
+class HostCapacity(NamedTuple):
+    """One host's instances of one type, with what decides whether a placer may choose it."""
+
+    name: str  # the host's
+    type_name: str
+    gpus: int  # offering the type
+    gpus_free: int  # of them with a free instance
+    free: int
+    used: int
+    max: int
+    stale: bool
+    cordoned: bool
+
+
+def capacity_by_host(s: Session, wanted: str) -> list[HostCapacity]:
+    """Per host offering the type `wanted` names: its instances, and whether it is stale or cordoned; in one
+    query that reads only those hosts' rows (every host's row read and matched in Python took 131 of 190 ms at
+    10,000 hosts)."""
+    age = _EPOCH_AGE[s.get_bind().dialect.name].split(", ", 1)[1]
+    sql = text(f"SELECT n.name, x.name, x.gpus, x.open_gpus, x.free, x.used, x.max, {age} > h.stale_after_s, "
+               "c.host_id IS NOT NULL FROM ("
+               + _HOST_TYPES.format(t=" AND t.short = :short", c=" AND c.short = :short") + ") AS x "
+               "JOIN fleet_hosts h ON h.host_id = x.host_id JOIN hosts n ON n.id = x.host_id "
+               "LEFT JOIN host_cordons c ON c.host_id = x.host_id")
+    return [HostCapacity(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), bool(r[8]))
+            for r in s.execute(sql, {"short": type_match(wanted)})]
 
 
 class OfferRow(NamedTuple):

@@ -97,17 +97,12 @@ def capacity(svc: Context, type_name: str | None = None) -> dict[str, Any]:
     with svc.reads() as s:
         if type_name is None:
             return {"types": store.capacity_by_type(s)}
-        rows = {h.host_id: h for h in store.hosts(s)}
         per_host = store.capacity_by_host(s, type_name)
-    out = []
-    for host_id, _name, n, n_open, free, used, most in per_host:
-        h = rows.get(host_id)
-        if h is None:
-            continue
-        out.append({"host": h.name, "gpus": n, "gpus_free": n_open, "free": free, "used": used, "max": most,
-                    "stale": h.stale, "cordoned": h.cordoned, "placeable": not (h.stale or h.cordoned) and free > 0})
+    out = [{"host": c.name, "gpus": c.gpus, "gpus_free": c.gpus_free, "free": c.free, "used": c.used, "max": c.max,
+            "stale": c.stale, "cordoned": c.cordoned, "placeable": not (c.stale or c.cordoned) and c.free > 0}
+           for c in per_host]
     out.sort(key=lambda r: r["host"])
-    name = per_host[0][1] if per_host else type_name
+    name = per_host[0].type_name if per_host else type_name
     return {"type": name, "hosts": out, "free": sum(r["free"] for r in out if not (r["stale"] or r["cordoned"])),
             "free_including_unplaceable": sum(r["free"] for r in out)}
 
@@ -156,7 +151,7 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
     reason, vgpumgr.fleet.ranked). When none can take one vGPU, `compact` names a fragmented mixed-size GPU
     (`hint`; vgpumgr.ops.fleet_compact.place adds the fleet's plan). Changes nothing."""
     with svc.reads() as s:
-        total = ranked.host_count(s)
+        total = ranked.host_count(s, up_to=EVERY_HOST_UP_TO)
         if not total:
             raise NotFound("no host has published its capacity yet",
                            hint="hosts publish while `vgpumgr serve` runs there with VGPUMGR_DB naming this database")
@@ -167,7 +162,7 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
             full = [(h.host_id, h.name) for h in rows if h.name in
                     {r.host for r in d.rejected if r.code == fleet_place.NO_CAPACITY}]
         else:
-            d, rows = _place_ranked(s, request, total)
+            d, rows = _place_ranked(s, request)
             full = None
         first = {h.name: h.host_id for h in rows if any(c.host == h.name for c in d.ranked[:SHOW_GPUS_OF])}
         gpus = store.open_gpus(s, request.type, list(first.values()))
@@ -184,7 +179,7 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
     return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
 
 
-def _place_ranked(s: Any, request: fleet_place.FleetRequest, total: int
+def _place_ranked(s: Any, request: fleet_place.FleetRequest
                   ) -> tuple[fleet_place.FleetDecision, list[store.HostRow]]:
     """A large fleet: the hosts walked in the placer's order until SHOW_GPUS_OF of them fit (and the irregular
     ones), ranked by the pure placer exactly as over every host; the rest counted."""
@@ -211,14 +206,14 @@ def _place_ranked(s: Any, request: fleet_place.FleetRequest, total: int
             break
         offset, limit = offset + limit, limit * 2
     d = fleet_place.place(rows, groups, request, migrating)
-    c = ranked.counts(s, short, request.count, nvidia, total)
+    c = ranked.counts(s, short, request.count, nvidia)
     counted = {fleet_place.STALE: c.stale, fleet_place.CORDONED: c.cordoned,
                fleet_place.NOT_OFFERED: c.not_offered, fleet_place.NO_CAPACITY: c.no_capacity}
     for r in d.rejected:  # model-denied, incompatible, source: of the hosts read (those with room)
         if r.code not in (fleet_place.STALE, fleet_place.CORDONED, fleet_place.NOT_OFFERED, fleet_place.NO_CAPACITY):
             counted[r.code] = counted.get(r.code, 0) + 1
     counted = {k: n for k, n in counted.items() if n}
-    d = replace(d, ranked=d.ranked[:SHOW_GPUS_OF], considered=total, every_host=False, counted=counted,
+    d = replace(d, ranked=d.ranked[:SHOW_GPUS_OF], considered=c.hosts, every_host=False, counted=counted,
                 rejected=[r for r in d.rejected if r.code not in (fleet_place.STALE, fleet_place.CORDONED)])
     return d, rows
 
