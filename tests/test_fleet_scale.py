@@ -129,6 +129,15 @@ def test_a_large_fleets_answer_is_the_one_reading_every_host_gives(tmp_path: Pat
     assert large.rejected_counts["stale"] == before.rejected_counts["stale"] + 1
     assert large.rejected_counts["cordoned"] == before.rejected_counts["cordoned"] + 1
     assert {before.choice.host, before.ranked[1].host}.isdisjoint(c.host for c in large.ranked)
+    # a VM to move: the walk keeps to its board and vGPU manager in SQL, and ranks as the placer over every host
+    mover = _service(tmp_path, fresh_db_url, monkeypatch, "mover")
+    mover.publish_fleet()
+    mover.allocate("T4-4Q", vm="moving")
+    for strategy in ("pack", "spread"):
+        req = FleetRequest("T4-4Q", vm="moving", strategy=strategy)
+        full, large = svc.fleet_place(req, every_host=True), svc.fleet_place(req)
+        assert large.choice is not None and large.choice == full.choice and _names(large) == _names(full)
+        assert large.migrating is not None and large.migrating.host == "mover" and large.choice.host != "mover"
 
 
 def test_the_fleet_page_is_chosen_and_counted_in_sql(tmp_path: Path, fresh_db_url: str,

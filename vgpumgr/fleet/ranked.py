@@ -99,8 +99,11 @@ def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, 
     where = [f"t.short = :short AND t.free > 0 AND t.boards = 1 AND {room}", _FRESH[_dialect(s)], _UNCORDONED]
     params: dict[str, Any] = {"short": short, "count": count}  # LIMIT and OFFSET written in: compaction.full_gpus
     if board:
-        where.append("lower(t.device_id) = :board")
-        params["board"] = board.lower()
+        # the column itself (hosts publish it in lower case; upper case as well, for a hand-written one): the
+        # planner then knows from its statistics that most of a type's rows have the board, and walks the index
+        # in order; against lower(device_id) it guessed 0.5 %, sorted all 3,300 rows and took 35-50 ms
+        where.append("t.device_id IN (:board, :board_upper)")
+        params.update(board=board.lower(), board_upper=board.upper())
     if driver:
         where.append("(h.driver_version IS NULL OR h.driver_version = :driver)")
         params["driver"] = driver
