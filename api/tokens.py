@@ -17,7 +17,7 @@ from sqlalchemy import CheckConstraint, Column, Engine, Integer, String, Table, 
 
 from vgpumgr.config import Config
 from vgpumgr.db.models import Base, UTCDateTime, utcnow
-from vgpumgr.db.session import get_engine
+from vgpumgr.db.session import get_engine, reading
 from vgpumgr.errors import Conflict, InvalidInput, NotFound
 
 ADMIN, OPERATOR, HOOK, AUDITOR = "admin", "operator", "hook", "auditor"
@@ -122,7 +122,7 @@ def lookup(engine: Engine, secret: str) -> Token | None:
     now = time.monotonic()
     if hit and now - hit[0] < LOOKUP_TTL:
         return hit[1]
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         row = conn.execute(select(api_tokens.c.name, api_tokens.c.role)
                            .where(api_tokens.c.secret_sha256 == key, api_tokens.c.revoked_at.is_(None))).first()
     if row is None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from sqlalchemy import text
+
 from vgpumgr.db.models import Host
 from vgpumgr.db.session import ensure_schema, read_sessions, session_factory
 
@@ -38,3 +41,28 @@ def test_a_lookup_ends_its_transaction(tmp_path: Path) -> None:
         assert s.query(Host).count() == 1
         assert s.in_transaction()
     assert not s.in_transaction()
+
+
+def test_the_token_check_and_the_schema_check_keep_statements_prepared(fresh_db_url: str) -> None:
+    """Outside a Session too: the REST service's token check (`api.tokens.lookup`) and the schema check each
+    heartbeat makes (`stored_state`) end with COMMIT, so the pooled connection keeps what psycopg 3 prepared
+    (a ROLLBACK makes it forget all of it, and the next `fleet place` planned its statements again)."""
+    if not fresh_db_url.startswith("postgresql"):
+        pytest.skip("statements are prepared on PostgreSQL")
+    from api import tokens
+    from vgpumgr.db.session import get_engine, stored_state
+
+    engine = get_engine(fresh_db_url)  # used one request at a time: one pooled connection
+
+    def prepared() -> int:
+        with read_sessions(engine)() as s:
+            return int(s.execute(text("SELECT count(*) FROM pg_prepared_statements "
+                                      "WHERE statement LIKE 'SELECT count(*) FROM hosts%'")).scalar() or 0)
+
+    for _ in range(6):  # psycopg prepares a statement at its fifth run on a connection
+        with read_sessions(engine)() as s:
+            s.execute(text("SELECT count(*) FROM hosts")).scalar()
+    assert prepared() == 1
+    assert tokens.lookup(engine, "not-a-token") is None  # unknown: asks the database
+    assert stored_state(fresh_db_url) is not None
+    assert prepared() == 1

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -210,6 +212,18 @@ class ReadSession(Session):
         super().__exit__(type_, value, traceback)
 
 
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A connection for a lookup outside a Session (the REST token check, the schema check on each heartbeat):
+    read-only, and ended by COMMIT when the block ends without an error, for the reason ReadSession gives. Ended
+    by rollback, as `engine.connect()` ends, the REST service's token check every LOOKUP_TTL made the next `fleet
+    place` on that pooled connection plan its statements again."""
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        yield conn
+        if conn.in_transaction():
+            conn.commit()
+
+
 def read_sessions(url_or_engine: str | Engine | None = None) -> sessionmaker[Session]:
     """Sessions for reading only: on SQLite a plain (deferred) BEGIN instead of BEGIN IMMEDIATE, so a
     lookup neither takes nor waits for the database's write lock. Writing through one is a mistake."""
@@ -335,11 +349,14 @@ def stored_state(url: str) -> schema.State | None:
         raise unreachable(engine, exc) from exc
     with conn.execution_options(**{READ_ONLY: True}) as conn:
         try:
-            return schema.read_state(conn)
+            state = schema.read_state(conn)
         except (OperationalError, DBAPIError) as exc:
             if _no_table(exc):
                 return None
             raise unreachable(engine, exc) from exc
+        if conn.in_transaction():  # COMMIT, not the rollback of close(): see `reading`
+            conn.commit()
+        return state
 
 
 def server_encoding(engine: Engine) -> str | None:
