@@ -29,7 +29,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -45,6 +45,7 @@ MIXES = {"mixed-even": "even", "mixed-large": "large", "uniform": "one"}
 
 Event = tuple[str, int, int]  # ("arrive", vm, size) or ("leave", vm, 0)
 Gpu = list[tuple[int, int, int]]  # (placement id, size, vm)
+Placer = Callable[[list[Gpu], int], tuple[int, int] | None]
 
 
 def trace(region: int, mix: str, seed: int, events: int) -> list[Event]:
@@ -78,7 +79,7 @@ def slots(region: int) -> dict[int, tuple[int, ...]]:
 # -- the placers: (gpus, size) -> (gpu index, placement id) or None -------------------------------------------
 
 
-def equal_size(region: int) -> Callable[[list[Gpu], int], tuple[int, int] | None]:
+def equal_size(region: int) -> Placer:
     def place(gpus: list[Gpu], size: int) -> tuple[int, int] | None:
         maxi = pid.equal_max(region, size)
         order = sorted(range(len(gpus)), key=lambda i: (not gpus[i], i))  # pack: GPUs in use first
@@ -92,7 +93,7 @@ def equal_size(region: int) -> Callable[[list[Gpu], int], tuple[int, int] | None
     return place
 
 
-def driver_first_free(region: int) -> Callable[[list[Gpu], int], tuple[int, int] | None]:
+def driver_first_free(region: int) -> Placer:
     table = slots(region)
 
     def place(gpus: list[Gpu], size: int) -> tuple[int, int] | None:
@@ -104,7 +105,7 @@ def driver_first_free(region: int) -> Callable[[list[Gpu], int], tuple[int, int]
     return place
 
 
-def vgpumgr_policy(region: int) -> Callable[[list[Gpu], int], tuple[int, int] | None]:
+def vgpumgr_policy(region: int) -> Placer:
     """What `vm create` decides with the default `pack` policy: on every GPU the start `placement_ids.choose`
     picks (scored against every time-sliced type of the GPU's model, as `placement_mixed` scores it), and of
     those the first by `placement_ids.pack_order` (the functions `placement._evaluate` ranks candidates by)."""
@@ -125,28 +126,36 @@ def vgpumgr_policy(region: int) -> Callable[[list[Gpu], int], tuple[int, int] | 
     return place
 
 
-def replay(events: Sequence[Event], place: Callable[[list[Gpu], int], tuple[int, int] | None]) -> tuple[int, float]:
+def _arrivals(events: Sequence[Event], place: Placer) -> Iterator[tuple[int, int, list[Gpu], tuple[int, int] | None]]:
+    """Each arrival: (vm, size, the GPUs as `place` left them just before it, where `place` puts it or None), placed
+    once the caller moves on."""
     gpus: list[Gpu] = [[] for _ in range(GPUS)]
     where: dict[int, int] = {}
-    accepted = arrivals = 0
-    first_refusal: int | None = None
     for kind, vm, size in events:
         if kind == "leave":
             if vm in where:
                 g = gpus[where.pop(vm)]
                 g[:] = [x for x in g if x[2] != vm]
             continue
-        arrivals += 1
         got = place(gpus, size)
+        yield vm, size, gpus, got
+        if got is not None:
+            i, p = got
+            gpus[i].append((p, size, vm))
+            gpus[i].sort()
+            where[vm] = i
+
+
+def replay(events: Sequence[Event], place: Placer) -> tuple[int, float]:
+    accepted = arrivals = 0
+    first_refusal: int | None = None
+    for _, _, _, got in _arrivals(events, place):
+        arrivals += 1
         if got is None:
             if first_refusal is None:
                 first_refusal = accepted
             continue
         accepted += 1
-        i, p = got
-        gpus[i].append((p, size, vm))
-        gpus[i].sort()
-        where[vm] = i
     return (accepted if first_refusal is None else first_refusal), accepted / max(arrivals, 1)
 
 
@@ -424,26 +433,12 @@ def optimum(region: int, events: Sequence[Event], known: int, budget: int = 20_0
     return lo, hi
 
 
-def before(events: Sequence[Event], place: Callable[[list[Gpu], int], tuple[int, int] | None], k: int
-           ) -> tuple[Event, list[Gpu]]:
+def before(events: Sequence[Event], place: Placer, k: int) -> tuple[Event, list[Gpu]]:
     """The k-th arrival (from 0) and the GPUs as `place` left them just before it (every earlier one accepted)."""
-    gpus: list[Gpu] = [[] for _ in range(GPUS)]
-    where: dict[int, int] = {}
-    seen = 0
-    for kind, vm, size in events:
-        if kind == "leave":
-            if vm in where:
-                g = gpus[where.pop(vm)]
-                g[:] = [x for x in g if x[2] != vm]
-            continue
+    for seen, (vm, size, gpus, got) in enumerate(_arrivals(events, place)):
         if seen == k:
-            return (kind, vm, size), gpus
-        seen += 1
-        i, p = place(gpus, size) or (None, None)
-        assert i is not None and p is not None, "before: an earlier arrival was refused"
-        gpus[i].append((p, size, vm))
-        gpus[i].sort()
-        where[vm] = i
+            return ("arrive", vm, size), gpus
+        assert got is not None, "before: an earlier arrival was refused"
     raise ValueError(f"before: the trace has no arrival {k}")
 
 
