@@ -342,21 +342,14 @@ def stored_state(url: str) -> schema.State | None:
 
     engine = get_engine(url)
     try:
-        conn = engine.connect()
+        with reading(engine) as conn:
+            return schema.read_state(conn)
     except ImportError as exc:
         raise _driver_missing(engine.url, exc) from exc
     except (OperationalError, DBAPIError) as exc:
+        if _no_table(exc):
+            return None
         raise unreachable(engine, exc) from exc
-    with conn.execution_options(**{READ_ONLY: True}) as conn:
-        try:
-            state = schema.read_state(conn)
-        except (OperationalError, DBAPIError) as exc:
-            if _no_table(exc):
-                return None
-            raise unreachable(engine, exc) from exc
-        if conn.in_transaction():  # COMMIT, not the rollback of close(): see `reading`
-            conn.commit()
-        return state
 
 
 def server_encoding(engine: Engine) -> str | None:

@@ -45,10 +45,11 @@ class HostRow(NamedTuple):
 
 
 # the heartbeat and its age as plain numbers: a thousand time stamps parsed into datetimes cost more than the query
-_EPOCH_AGE = {
-    "postgresql": "EXTRACT(EPOCH FROM h.heartbeat_at)::float8, EXTRACT(EPOCH FROM (now() - h.heartbeat_at))::float8",
-    "sqlite": "(julianday(h.heartbeat_at) - 2440587.5) * 86400.0, "
-              "(julianday('now') - julianday(h.heartbeat_at)) * 86400.0"}
+_EPOCH = {"postgresql": "EXTRACT(EPOCH FROM h.heartbeat_at)::float8",
+          "sqlite": "(julianday(h.heartbeat_at) - 2440587.5) * 86400.0"}
+_AGE = {"postgresql": "EXTRACT(EPOCH FROM (now() - h.heartbeat_at))::float8",
+        "sqlite": "(julianday('now') - julianday(h.heartbeat_at)) * 86400.0"}
+_EPOCH_AGE = {d: f"{_EPOCH[d]}, {_AGE[d]}" for d in _EPOCH}
 
 
 def hosts(s: Session, host_ids: Sequence[int] | None = None) -> list[HostRow]:
@@ -124,9 +125,9 @@ def open_gpus(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuOffer
 
 
 # Per host and type: the summary a host keeps (fleet_host_types) where it is true for the host's generation, else
-# the host's own rows summed (a host still running the previous release; see vgpumgr.fleet.ranked)
-# the summarized hosts are those not among the few whose summary is behind (their partial index): the planner
-# cannot estimate `types_generation = generation`, and with it looked up every host's summary row of the type
+# the host's own rows summed (a host still running the previous release; see vgpumgr.fleet.ranked). The summarized
+# hosts are those not among the few whose summary is behind (their partial index): the planner cannot estimate
+# `types_generation = generation`, and with it looked up every host's summary row of the type.
 _HOST_TYPES = (
     "SELECT t.host_id, t.short, t.name, t.framebuffer_mb, t.gpus, t.open_gpus, t.free, t.used, t.max "
     "FROM fleet_host_types t WHERE t.host_id NOT IN (SELECT u.host_id FROM fleet_hosts u WHERE u.types_generation "
@@ -155,7 +156,7 @@ def capacity_by_host(s: Session, wanted: str) -> list[HostCapacity]:
     """Per host offering the type `wanted` names: its instances, and whether it is stale or cordoned; in one
     query that reads only those hosts' rows (every host's row read and matched in Python took 131 of 190 ms at
     10,000 hosts)."""
-    age = _EPOCH_AGE[s.get_bind().dialect.name].split(", ", 1)[1]
+    age = _AGE[s.get_bind().dialect.name]
     sql = text(f"SELECT n.name, x.name, x.gpus, x.open_gpus, x.free, x.used, x.max, {age} > h.stale_after_s, "
                "c.host_id IS NOT NULL FROM ("
                + _HOST_TYPES.format(t=" AND t.short = :short", c=" AND c.short = :short") + ") AS x "
