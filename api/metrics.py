@@ -1,5 +1,6 @@
-"""Prometheus metrics: GPUs, vGPUs by type and state, licence seats per edition, allocation latency, and per
-running vGPU what NVML reports of it (vgpumgr.telemetry), labelled with its VM, type, GPU and host.
+"""Prometheus metrics: GPUs, vGPUs by type and state, licence seats per edition, allocation latency, the fleet's
+place and publish latency, and per running vGPU what NVML reports of it (vgpumgr.telemetry), labelled with its
+VM, type, GPU and host.
 
 Gauges are read at scrape time from the inventory snapshot and the database, so they are never stale;
 each app has its own registry (several apps in one test process do not collide).
@@ -25,6 +26,10 @@ from vgpumgr.service import Service
 
 log = logging.getLogger("vgpumgr.api")
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
+# a host's publish per change is meant to take at most 2 ms (the fleet's target): finer at the low end
+PUBLISH_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+PLACE_RESULTS = ("placed", "no_room", "error")
+PUBLISH_KINDS = ("change", "heartbeat", "full")
 
 
 class _StateCollector(Collector):
@@ -236,9 +241,28 @@ class Metrics:
         self._rendered: tuple[float, bytes] = (-1.0, b"")  # telemetry text of the newest sample
         self.allocation_seconds = Histogram("vgpumgr_allocation_seconds", "time to place and create one vGPU",
                                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.fleet_place_seconds = Histogram(
+            "vgpumgr_fleet_place_seconds", "time to answer GET /v1/fleet/place, by result (placed: a host chosen; "
+            "no_room: none can take it; error: the request was refused)", ["result"], buckets=LATENCY_BUCKETS,
+            registry=self.registry)
+        self.fleet_publish_seconds = Histogram(
+            "vgpumgr_fleet_publish_seconds", "time inside this process's publisher per publish of the host's "
+            "capacity, by kind (change: in a change's transaction; heartbeat; full: every GPU rewritten)", ["kind"],
+            buckets=PUBLISH_BUCKETS, registry=self.registry)
+        for result in PLACE_RESULTS:  # every series exists from the start, at zero
+            self.fleet_place_seconds.labels(result=result)
+        for kind in PUBLISH_KINDS:
+            self.fleet_publish_seconds.labels(kind=kind)
+        service.fleet.observe = self.observe_publish
 
     def observe_allocation(self, seconds: float) -> None:
         self.allocation_seconds.observe(seconds)
+
+    def observe_fleet_place(self, seconds: float, result: str) -> None:
+        self.fleet_place_seconds.labels(result=result).observe(seconds)
+
+    def observe_publish(self, seconds: float, kind: str) -> None:
+        self.fleet_publish_seconds.labels(kind=kind).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry) + self._telemetry()

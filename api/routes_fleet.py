@@ -4,9 +4,10 @@ host's own service allocates, and its placement decides."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import READ, VM_WRITE, require
@@ -85,7 +86,7 @@ def fleet_capacity(type: str | None = Query(default=None, min_length=1, max_leng
 
 
 @router.get("/fleet/place", tags=["fleet"])
-def fleet_place(type: str = TYPE, vm: str | None = Query(default=None, min_length=1, max_length=64),
+def fleet_place(request: Request, type: str = TYPE, vm: str | None = Query(default=None, min_length=1, max_length=64),
                 count: int = Query(default=1, ge=1, le=MAX_COUNT),
                 policy: Literal["pack", "spread"] = "pack",
                 allow_model: list[str] = Query(default=[], max_length=32),
@@ -97,9 +98,15 @@ def fleet_place(type: str = TYPE, vm: str | None = Query(default=None, min_lengt
     hosts gets its best five hosts and the others counted by reason (`every_host`: false, `rejected_counts`),
     unless `every_host=true`. Changes nothing: ask the chosen host's own service to allocate (`POST /v1/vgpus`
     there), whose placement is the final word."""
-    req = FleetRequest(type, vm=vm, count=count, strategy=policy, allow_models=tuple(allow_model),
-                       deny_models=tuple(deny_model))
-    return svc.fleet_place(req, every_host=every_host).as_dict()
+    started, result = time.perf_counter(), "error"
+    try:
+        req = FleetRequest(type, vm=vm, count=count, strategy=policy, allow_models=tuple(allow_model),
+                           deny_models=tuple(deny_model))
+        d = svc.fleet_place(req, every_host=every_host)
+        result = "placed" if d.choice is not None else "no_room"
+        return d.as_dict()
+    finally:
+        request.app.state.metrics.observe_fleet_place(time.perf_counter() - started, result)
 
 
 class CompactIn(BaseModel):

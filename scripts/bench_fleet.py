@@ -252,6 +252,32 @@ def quantiles(ms: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(ms), "p99": q[98], "max": max(ms), "n": len(ms)}
 
 
+def histogram_p99(exposition: str, name: str, **labels: str) -> dict[str, float]:
+    """What Prometheus's histogram_quantile(0.99, ...) reads from a histogram in a /metrics text (the series whose
+    labels include `labels`, summed by bucket): the answers counted and their p99 in ms, interpolated linearly
+    within the bucket it falls in."""
+    import re
+
+    sums: dict[float, float] = {}
+    for m in re.finditer(rf"^{name}_bucket{{(.*)}} (\S+)$", exposition, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
+        if all(got.get(k) == v for k, v in labels.items()):
+            le = float(got["le"])
+            sums[le] = sums.get(le, 0.0) + float(m[2])
+    bounds = sorted(sums)
+    total = sums[bounds[-1]] if bounds else 0.0
+    if not total:
+        return {"n": 0, "p99": float("nan")}
+    rank, below, lower = 0.99 * total, 0.0, 0.0
+    for le in bounds:
+        if sums[le] >= rank:
+            if le == float("inf"):
+                return {"n": total, "p99": lower * 1000}
+            return {"n": total, "p99": (lower + (le - lower) * (rank - below) / max(sums[le] - below, 1e-9)) * 1000}
+        below, lower = sums[le], le
+    return {"n": total, "p99": lower * 1000}
+
+
 def timed(fn: Any, n: int) -> list[float]:
     out = []
     for i in range(n):
@@ -286,6 +312,11 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
         finally:
             spent.append((time.perf_counter() - t) * 1000)
 
+    from prometheus_client import generate_latest
+
+    from api.metrics import Metrics
+
+    metrics = Metrics(svc_on)  # the histogram `serve`'s /metrics has, fed by the same publisher
     on, off = [], []
     pub.Publisher.publish = measured  # type: ignore[method-assign]
     try:
@@ -306,7 +337,10 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
             s.execute(text("SELECT 1")).scalar()
             floor.append((time.perf_counter() - t) * 1000)
             time.sleep(0.002)
+    exposition = generate_latest(metrics.registry).decode()
+    svc_on.fleet.observe = None
     return {"publish_ms": quantiles(spent), "publish_mean_ms": statistics.fmean(spent),
+            "publish_metric": histogram_p99(exposition, "vgpumgr_fleet_publish_seconds", kind="change"),
             "round_trip_ms": quantiles(floor),
             "pair_ms_on": statistics.median(on), "pair_ms_off": statistics.median(off),
             "added_ms_per_change": (statistics.median(on) - statistics.median(off)) / 2}
@@ -417,6 +451,9 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
             with rest.client() as client:  # one client, as a scheduler keeps its connection
                 rest_place(0)
                 rest_ms = quantiles(timed(rest_place, max(10, queries // 4)))
+                exposition = client.get("/metrics").text
+                rest_metric = histogram_p99(exposition, "vgpumgr_fleet_place_seconds")
+                rest_metric["errors"] = histogram_p99(exposition, "vgpumgr_fleet_place_seconds", result="error")["n"]
                 login(client, token)
                 page(0)
                 page_ms = quantiles(timed(page, max(8, queries // 10)))
@@ -424,7 +461,7 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
                    "place_ms": quantiles(timed(place, queries)),
                    "capacity_ms": quantiles(timed(capacity, queries)),
                    "capacity_all_ms": quantiles(timed(capacity_all, max(10, queries // 10))),
-                   "rest_place_ms": rest_ms, "page_ms": page_ms,
+                   "rest_place_ms": rest_ms, "rest_place_metric": rest_metric, "page_ms": page_ms,
                    "migrating_place_ms": quantiles(timed(migrate, max(20, queries // 2)))}
             row["no_room_place_ms"] = quantiles(timed(no_room, max(20, queries // 2)))
             row["compact_plan_ms"] = quantiles(timed(lambda _: reader.fleet_compact_plan(NO_ROOM_TYPE), 5))
@@ -535,6 +572,8 @@ def report(r: dict[str, Any]) -> None:
               f"{'met' if value <= target else 'MISSED'})")
     if "round_trip_ms" in last:
         print(_floor(last))
+    if "rest_place_metric" in last:
+        print(_metrics(last))
     hosts = last["hosts"] / first["hosts"]
     for what, key in (("place p50", "place_ms"), ("capacity --type p50", "capacity_ms"), ("page p50", "page_ms"),
                       ("publishing p50", "publish_ms")):
@@ -557,6 +596,22 @@ def report_publish(r: dict[str, Any]) -> None:
           f"{'met' if value <= target else 'MISSED'})")
     if "round_trip_ms" in last:
         print(_floor(last))
+    if "publish_metric" in last:
+        m = last["publish_metric"]
+        print(f"the service's /metrics histogram (vgpumgr_fleet_publish_seconds, kind=change): p99 {m['p99']:.2f} ms "
+              f"over {m['n']:.0f} publishes, interpolated within buckets")
+
+
+def _metrics(s: dict[str, Any]) -> str:
+    """The same figures as the services' own /metrics histograms give them (histogram_quantile, 0.99)."""
+    rest, pub = s["rest_place_metric"], s.get("publish_metric")
+    line = (f"the services' /metrics histograms at {s['hosts']} hosts, p99 interpolated within buckets: REST place "
+            f"{rest['p99']:.1f} ms over {rest['n']:.0f} answers ({rest['errors']:.0f} errors; measured by the client "
+            f"{s['rest_place_ms']['p99']:.1f} ms over {s['rest_place_ms']['n']})")
+    if pub:
+        line += (f", publish per change {pub['p99']:.2f} ms over {pub['n']:.0f} (measured "
+                 f"{s['publish_ms']['p99']:.2f} ms over {s['publish_ms']['n']})")
+    return line
 
 
 def _floor(s: dict[str, Any]) -> str:

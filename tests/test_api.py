@@ -301,6 +301,39 @@ def test_metrics(env: ApiEnv) -> None:
     assert _sample(text, "vgpumgr_allocation_seconds_bucket", le="+Inf") == 2
 
 
+def test_fleet_place_and_publish_latency_histograms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "1")  # every change publishes (the default on PostgreSQL only)
+    e, client = make_env(tmp_path)
+    with client:
+        h, read = e.as_("admin"), e.as_("auditor")
+
+        def scrape(name: str, **labels: str) -> float | None:
+            return _sample(client.get("/metrics", headers=read).text, name, **labels)
+
+        for result in ("placed", "no_room", "error"):  # every series there from the start
+            assert scrape("vgpumgr_fleet_place_seconds_count", result=result) == 0
+        assert scrape("vgpumgr_fleet_publish_seconds_count", kind="change") == 0
+        assert client.post("/v1/fleet/publish", headers=h).status_code == 200
+        assert scrape("vgpumgr_fleet_publish_seconds_count", kind="full") == 1
+        assert client.post("/v1/vgpus", json={"type": "T4-4Q", "vm": "m1"}, headers=h).status_code == 201
+        changes = scrape("vgpumgr_fleet_publish_seconds_count", kind="change")
+        assert changes is not None and changes >= 1
+        assert scrape("vgpumgr_fleet_publish_seconds_bucket", kind="change", le="+Inf") == changes
+        assert 0 < (scrape("vgpumgr_fleet_publish_seconds_sum", kind="change") or 0) < 10 * changes
+
+        ok = client.get("/v1/fleet/place", params={"type": "T4-4Q"}, headers=read)
+        assert ok.status_code == 200 and ok.json()["choice"]["host"] == e.service.hostname
+        full = client.get("/v1/fleet/place", params={"type": "T4-16Q"}, headers=read)  # the T4 holds a 4Q
+        assert full.status_code == 200 and full.json()["choice"] is None
+        problem(client.get("/v1/fleet/place", params={"type": "T4-2Q", "vm": "m1"}, headers=read), 400)
+        nowhere = client.get("/v1/fleet/place", params={"type": "X9-1Q"}, headers=read)  # no host offers it
+        assert nowhere.status_code == 200 and nowhere.json()["choice"] is None
+        assert scrape("vgpumgr_fleet_place_seconds_count", result="placed") == 1
+        assert scrape("vgpumgr_fleet_place_seconds_count", result="no_room") == 2
+        assert scrape("vgpumgr_fleet_place_seconds_count", result="error") == 1
+        assert scrape("vgpumgr_fleet_place_seconds_bucket", result="placed", le="5.0") == 1
+
+
 def test_hook_ensure_is_idempotent_and_recreates_after_reboot(env: ApiEnv) -> None:
     h = env.as_("hook")
     body = {"uuid": "00000000-0000-0000-0000-000000000101", "type": "nvidia-232", "vm": "pve-101", "parent": GPU}

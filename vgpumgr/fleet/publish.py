@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import event
@@ -76,6 +77,8 @@ class Publisher:
         self._driver: Any = _UNREAD
         self._beats = 0
         self.last_ms = 0.0  # how long the last publish took (computing and writing)
+        # told each publish's seconds and kind (change, heartbeat, full): `serve`'s /metrics histogram
+        self.observe: Callable[[float, str], None] | None = None
 
     # -- marks (cheap; under the Context's own locks or none) --------------------------------------
     def mark(self, gpu: str | None) -> None:
@@ -136,7 +139,10 @@ class Publisher:
         else:  # the usual change: one GPU this process published before, one statement on PostgreSQL that takes
             # the host's lock first (one round trip)
             writes.write_counts(s, host_id, counts_only, gpu_count, vgpus)
-        self.last_ms = (time.perf_counter() - started) * 1000
+        spent = time.perf_counter() - started
+        self.last_ms = spent * 1000
+        if self.observe is not None:
+            self.observe(spent, "heartbeat" if heartbeat else "full" if full else "change")
         return len(changed)
 
     def _forget(self, caps: list[GpuCapacity], everything: bool) -> None:
