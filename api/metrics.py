@@ -243,26 +243,27 @@ class Metrics:
                                             buckets=LATENCY_BUCKETS, registry=self.registry)
         self.fleet_place_seconds = Histogram(
             "vgpumgr_fleet_place_seconds", "time to answer GET /v1/fleet/place, by result (placed: a host chosen; "
-            "no_room: none can take it; error: the request was refused)", ["result"], buckets=LATENCY_BUCKETS,
-            registry=self.registry)
+            "no_room: none can take it; error: the request was refused)", ["host", "result"],
+            buckets=LATENCY_BUCKETS, registry=self.registry)
         self.fleet_publish_seconds = Histogram(
             "vgpumgr_fleet_publish_seconds", "time inside this process's publisher per publish of the host's "
-            "capacity, by kind (change: in a change's transaction; heartbeat; full: every GPU rewritten)", ["kind"],
-            buckets=PUBLISH_BUCKETS, registry=self.registry)
+            "capacity, by kind (change: in a change's transaction; heartbeat; full: every GPU rewritten)",
+            ["host", "kind"], buckets=PUBLISH_BUCKETS, registry=self.registry)
+        self.host = service.hostname  # labelled as the per-vGPU series are, for the dashboards' host filter
         for result in PLACE_RESULTS:  # every series exists from the start, at zero
-            self.fleet_place_seconds.labels(result=result)
+            self.fleet_place_seconds.labels(host=self.host, result=result)
         for kind in PUBLISH_KINDS:
-            self.fleet_publish_seconds.labels(kind=kind)
+            self.fleet_publish_seconds.labels(host=self.host, kind=kind)
         service.fleet.observe = self.observe_publish
 
     def observe_allocation(self, seconds: float) -> None:
         self.allocation_seconds.observe(seconds)
 
     def observe_fleet_place(self, seconds: float, result: str) -> None:
-        self.fleet_place_seconds.labels(result=result).observe(seconds)
+        self.fleet_place_seconds.labels(host=self.host, result=result).observe(seconds)
 
     def observe_publish(self, seconds: float, kind: str) -> None:
-        self.fleet_publish_seconds.labels(kind=kind).observe(seconds)
+        self.fleet_publish_seconds.labels(host=self.host, kind=kind).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry) + self._telemetry()

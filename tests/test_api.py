@@ -308,7 +308,7 @@ def test_fleet_place_and_publish_latency_histograms(tmp_path: Path, monkeypatch:
         h, read = e.as_("admin"), e.as_("auditor")
 
         def scrape(name: str, **labels: str) -> float | None:
-            return _sample(client.get("/metrics", headers=read).text, name, **labels)
+            return _sample(client.get("/metrics", headers=read).text, name, host=e.service.hostname, **labels)
 
         for result in ("placed", "no_room", "error"):  # every series there from the start
             assert scrape("vgpumgr_fleet_place_seconds_count", result=result) == 0

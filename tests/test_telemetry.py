@@ -268,10 +268,13 @@ def test_the_grafana_dashboard_uses_only_metrics_the_service_exports(busy: tuple
 
     dashboard = json.loads((Path(__file__).resolve().parents[1] / "scripts/grafana/vgpumgr-vgpus.json").read_text())
     text = json.dumps(dashboard)
-    used = set(re.findall(r"vgpumgr_[a-z_]+", text))
     client = TestClient(create_app(busy[0].cfg, service=busy[0], watch=False, metrics_public=True))
-    exported = set(re.findall(r"^# TYPE (\S+)", client.get("/metrics").text, re.M))  # the guest ones when none is read
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)", client.get("/metrics").text, re.M))  # guest ones when none read
+    exported = set(types) | {f"{n}_{part}" for n, kind in types.items() if kind == "histogram"
+                             for part in ("bucket", "count", "sum")}
+    used = set(re.findall(r"vgpumgr_[a-z_]+", text))
     assert used and used <= exported, used - exported
+    assert {"vgpumgr_fleet_place_seconds_bucket", "vgpumgr_fleet_publish_seconds_bucket"} <= used  # the fleet's p99s
     assert {p["type"] for p in dashboard["panels"]} == {"timeseries", "table"}
     assert any("vm" in json.dumps(p["targets"]) for p in dashboard["panels"])  # per VM
     assert any("vgpumgr_gpu_" in json.dumps(p["targets"]) for p in dashboard["panels"])  # per GPU
