@@ -313,10 +313,15 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
     """Publishing on a host's own path: time inside the publisher per change, and pairs with it on and off. Each
     pair's vGPU is the first on an empty GPU and then the last to leave it, the costliest change: every one of the
     T4's 17 type rows moves (a 4 GB vGPU leaves no room for the other sizes). Then the same pairs on a GPU that
-    already holds one (`publish_held_ms`): only the 4 GB types' 3 rows move, the usual change on a busy host."""
+    already holds one (`publish_held_ms`): only the 4 GB types' 3 rows move, the usual change on a busy host; and
+    those pairs again with the whole host marked before each change (`publish_udev_ms`), as `serve` marks it on
+    the udev event that follows every mdev it makes or removes (the simulator has no udev)."""
     from vgpumgr.fleet import publish as pub
 
     spent: list[float] = []
+    held: list[float] = []
+    udev: list[float] = []
+    into = [spent]
     inner = pub.Publisher.publish
 
     def measured(self: Any, *a: Any, **k: Any) -> Any:
@@ -324,7 +329,7 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
         try:
             return inner(self, *a, **k)
         finally:
-            spent.append((time.perf_counter() - t) * 1000)
+            into[0].append((time.perf_counter() - t) * 1000)
 
     from prometheus_client import generate_latest
 
@@ -340,17 +345,23 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
                     t = time.perf_counter()
                     svc.release(svc.allocate("T4-4Q")["uuid"])
                     sink.append((time.perf_counter() - t) * 1000)
-        flips = len(spent)
         exposition = generate_latest(metrics.registry).decode()  # the flips' publishes
         svc_on.fleet.observe = None
+        into[0] = []
         kept = svc_on.allocate("T4-4Q")["uuid"]  # pack puts every pair's vGPU beside it
         try:
-            for _ in range(pairs):
-                svc_on.release(svc_on.allocate("T4-4Q")["uuid"])
+            for sink, marked in ((held, False), (udev, True)):
+                into[0] = sink
+                for _ in range(pairs):
+                    if marked:
+                        svc_on.invalidate()
+                    made = svc_on.allocate("T4-4Q")["uuid"]
+                    if marked:
+                        svc_on.invalidate()
+                    svc_on.release(made)
+                into[0] = []
         finally:
             svc_on.release(kept)
-        held = spent[flips + 1:-1]
-        del spent[flips:]
     finally:
         pub.Publisher.publish = inner  # type: ignore[method-assign]
     from sqlalchemy import text
@@ -365,6 +376,7 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
     return {"publish_ms": quantiles(spent), "publish_mean_ms": statistics.fmean(spent),
             "publish_metric": histogram_p99(exposition, "vgpumgr_fleet_publish_seconds", kind="change"),
             "publish_held_ms": quantiles(held), "publish_held_mean_ms": statistics.fmean(held),
+            "publish_udev_ms": quantiles(udev), "publish_udev_mean_ms": statistics.fmean(udev),
             "round_trip_ms": quantiles(floor),
             "pair_ms_on": statistics.median(on), "pair_ms_off": statistics.median(off),
             "added_ms_per_change": (statistics.median(on) - statistics.median(off)) / 2}
@@ -474,12 +486,15 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
             place(0), capacity(0)  # warm
             with rest.client() as client:  # one client, as a scheduler keeps its connection
                 rest_place(0)
-                seen = buckets(client.get("/metrics").text, "vgpumgr_fleet_place_seconds")  # earlier sizes'
+                seen_text = client.get("/metrics").text  # what earlier sizes left in the service's histogram
+                seen = buckets(seen_text, "vgpumgr_fleet_place_seconds")
                 rest_ms = quantiles(timed(rest_place, max(10, queries // 4)))
                 exposition = client.get("/metrics").text
                 now = buckets(exposition, "vgpumgr_fleet_place_seconds")
                 rest_metric = p99_of({le: n - seen.get(le, 0.0) for le, n in now.items()})
-                rest_metric["errors"] = histogram_p99(exposition, "vgpumgr_fleet_place_seconds", result="error")["n"]
+                errors = buckets(exposition, "vgpumgr_fleet_place_seconds", result="error")
+                rest_metric["errors"] = max(errors.values(), default=0.0) - max(
+                    buckets(seen_text, "vgpumgr_fleet_place_seconds", result="error").values(), default=0.0)
                 login(client, token)
                 page(0)
                 page_ms = quantiles(timed(page, max(8, queries // 10)))
@@ -634,9 +649,15 @@ def report_publish(r: dict[str, Any]) -> None:
 
 def _held(s: dict[str, Any]) -> str:
     h = s["publish_held_ms"]
-    return (f"publishing per change on a GPU that already holds the type (3 of 17 type rows move, the usual change): "
+    line = (f"publishing per change on a GPU that already holds the type (3 of 17 type rows move, the usual change): "
             f"mean {s['publish_held_mean_ms']:.2f} ms, p50 {h['p50']:.2f} ms, p99 {h['p99']:.2f} ms over {h['n']} "
             f"(above: each vGPU the first on its GPU or the last to leave, all 17 rows move)")
+    if "publish_udev_ms" in s:
+        u = s["publish_udev_ms"]
+        line += (f"\nthe same after a udev event marked the whole host (serve marks it after every mdev it makes or "
+                 f"removes): mean {s['publish_udev_mean_ms']:.2f} ms, p50 {u['p50']:.2f} ms, p99 {u['p99']:.2f} ms "
+                 f"over {u['n']}")
+    return line
 
 
 def _metrics(s: dict[str, Any]) -> str:

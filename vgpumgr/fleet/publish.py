@@ -113,9 +113,13 @@ class Publisher:
             return 0
         inv = self.ctx.snapshot().inventory
         with self._lock:
-            # a full publish rewrites every row (healing any another writer left behind), except on heartbeats,
-            # which write what changed since this process last wrote it, and everything every tenth time
-            heal = everything and not (heartbeat and self._beats % FULL_EVERY)
+            # A full publish rewrites every row (healing any another writer left behind), except on heartbeats, which
+            # rewrite everything every tenth time. Otherwise what is marked is compared with what this process last
+            # wrote, and only what changed is written: a whole host marked by `invalidate()` too, which a udev event
+            # calls after every mdev this host makes or removes (rewriting the host then cost a change 15-20 ms).
+            # Where the host's GPUs are not those it wrote (its first publish, a GPU gone), every row is rewritten.
+            same_gpus = {g.address for g in caps} == set(self._written)
+            heal = everything and (not same_gpus or (full and not (heartbeat and self._beats % FULL_EVERY)))
             changed = caps if heal or not everything else [g for g in caps if self._written.get(g.address) != g]
             counts_only = [] if heal else [g for g in changed if g.address in self._written
                                            and _type_ids(self._written[g.address]) == _type_ids(g)]
@@ -128,7 +132,7 @@ class Publisher:
         s.info.setdefault(_ON_ROLLBACK, []).append(lambda: self._forget(caps, everything))
         host_id = self.ctx.host_id(s)
         gpu_count, vgpus = sum(1 for g in inv.gpus if not g.is_vf), len(inv.mdevs) + len(inv.vf_vgpus)
-        if rows or everything:
+        if rows or heal or full:
             writes.lock_host(s, host_id)
             writes.write_gpus(s, host_id, rows, prune_types=True)
             if heal:
@@ -136,13 +140,16 @@ class Publisher:
             if counts_only:
                 writes.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
             writes.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus)
-        else:  # the usual change: one GPU this process published before, one statement on PostgreSQL that takes
-            # the host's lock first (one round trip)
+        else:  # the usual change: GPUs this process published before, one statement on PostgreSQL that takes the
+            # host's lock first (one round trip)
             writes.write_counts(s, host_id, counts_only, gpu_count, vgpus)
         spent = time.perf_counter() - started
         self.last_ms = spent * 1000
         if self.observe is not None:
-            self.observe(spent, "heartbeat" if heartbeat else "full" if full else "change")
+            try:
+                self.observe(spent, "full" if heal else "heartbeat" if heartbeat else "change")
+            except Exception:  # noqa: BLE001 - a metric must not fail the change whose transaction this is
+                log.exception("fleet: could not record this publish's time")
         return len(changed)
 
     def _forget(self, caps: list[GpuCapacity], everything: bool) -> None:
