@@ -242,12 +242,14 @@ class Metrics:
         self.allocation_seconds = Histogram("vgpumgr_allocation_seconds", "time to place and create one vGPU",
                                             buckets=LATENCY_BUCKETS, registry=self.registry)
         self.fleet_place_seconds = Histogram(
-            "vgpumgr_fleet_place_seconds", "time to answer GET /v1/fleet/place, by result (placed: a host chosen; "
-            "no_room: none can take it; error: the request was refused)", ["host", "result"],
+            "vgpumgr_fleet_place_seconds", "time GET /v1/fleet/place spends in its handler (the fleet's reads and "
+            "ranking; not HTTP, authentication or JSON encoding), by result (placed: a host chosen; no_room: none can "
+            "take it; error: the service refused the request)", ["host", "result"],
             buckets=LATENCY_BUCKETS, registry=self.registry)
         self.fleet_publish_seconds = Histogram(
             "vgpumgr_fleet_publish_seconds", "time inside this process's publisher per publish of the host's "
-            "capacity, by kind (change: in a change's transaction; heartbeat; full: every GPU rewritten)",
+            "capacity, by kind (change: what a change moved, in its transaction; heartbeat: what changed since the "
+            "last; full: every row rewritten, as at start, on `fleet publish` and every tenth heartbeat)",
             ["host", "kind"], buckets=PUBLISH_BUCKETS, registry=self.registry)
         self.host = service.hostname  # labelled as the per-vGPU series are, for the dashboards' host filter
         for result in PLACE_RESULTS:  # every series exists from the start, at zero
