@@ -43,7 +43,15 @@ class InventoryWatcher:
         return self.mode
 
     def _on_event(self, device: object) -> None:
-        self.service.invalidate()
+        """An mdev made or removed on a parent the snapshot knows (each one vgpumgr makes raises one) re-reads that
+        GPU only, as vgpumgr's own changes do (scripts/bench_udev.py); any other event (a PCI device, a driver
+        bound, an unknown parent) the whole host."""
+        touched = _mdev_parent(device)
+        found = self.service.known_parent(touched) if touched else None
+        if found is None:
+            self.service.invalidate()
+        else:
+            self.service.touch(*found)
 
     def stop(self) -> None:
         if self._observer is not None:
@@ -51,3 +59,12 @@ class InventoryWatcher:
             if threading.current_thread() is not self._observer:
                 self._observer.join(timeout=2)
             self._observer = None
+
+
+def _mdev_parent(device: object) -> str | None:
+    """The parent device's name of a pyudev mdev Device (its sysfs directory is the parent's child)."""
+    if getattr(device, "subsystem", None) != "mdev":
+        return None
+    parent = getattr(device, "parent", None)
+    name = getattr(parent, "sys_name", None)
+    return name if isinstance(name, str) and name else None

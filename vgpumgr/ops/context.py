@@ -212,6 +212,25 @@ class Context:
             self._snapshot = None
         self.fleet.mark_all()
 
+    def known_parent(self, parent: str) -> tuple[str | None, str] | None:
+        """(GPU, parent) of an mdev parent the current snapshot knows (a GPU, one of its VFs, a virtual parent
+        such as mtty), for `touch`; None when there is no snapshot or the parent is not in it."""
+        with self._snap_lock:
+            snap = self._snapshot
+        if snap is None:
+            return None
+        inv = snap.inventory
+        for t in inv.types:
+            if t.parent == parent:
+                return t.gpu, parent
+        for m in inv.mdevs:
+            if m.parent == parent:
+                return m.gpu, parent
+        for g in inv.gpus:
+            if g.address == parent:
+                return (None if g.is_vf else g.address), parent
+        return None
+
     def touch(self, gpu: str | None, parent: str) -> None:
         """Our own change: re-read that GPU's parents (availability moves across all VFs of a GPU)."""
         with self._snap_lock:

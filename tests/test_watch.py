@@ -1,0 +1,39 @@
+"""api/watch.py's udev handler: an mdev event on a parent the snapshot knows re-reads that GPU only, anything
+else the whole host (pyudev Devices stand in here; tests/lab_libvirt/test_udev_watch.py takes real ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from api.watch import InventoryWatcher
+from vgpumgr.backends import mdev as mdev_backend
+from vgpumgr.config import Config
+from vgpumgr.service import Service
+from vgpumgr.sim import profiles
+
+T4 = "0000:3b:00.0"
+
+
+def _event(subsystem: str, parent: str | None) -> SimpleNamespace:
+    return SimpleNamespace(subsystem=subsystem, parent=SimpleNamespace(sys_name=parent) if parent else None)
+
+
+def test_an_mdev_event_rereads_its_gpu_and_anything_else_the_host(tmp_path: Path) -> None:
+    root = profiles.create(tmp_path / "sim", "t4", scale=2)
+    svc = Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / "state")), licence_mode="off")
+    watcher = InventoryWatcher(svc)
+    first = svc.snapshot()
+    made = mdev_backend.create(svc.host, T4, "nvidia-232", None)  # behind vgpumgr's back, as udev would report
+    watcher._on_event(_event("mdev", T4))
+    assert svc._snapshot is first and svc._dirty_gpus == {T4}  # kept: only the GPU is re-read
+    assert svc.fleet._pending == {T4} or not svc.fleet.per_change  # and marked for the fleet where it publishes
+    after = svc.snapshot()
+    assert after is not first and made.uuid in {m.uuid for m in after.inventory.mdevs}
+    assert after.taken == first.taken  # a partial re-read keeps the full scan's time
+
+    for event in (_event("pci", T4), _event("mdev", "0000:99:00.0"), _event("mdev", None), object()):
+        svc.snapshot()
+        watcher._on_event(event)
+        assert svc._snapshot is None, event  # the whole host is read again
+    assert made.uuid in {m.uuid for m in svc.snapshot().inventory.mdevs}
