@@ -4,23 +4,10 @@ scanned again; tests/test_watch.py checks the other events with stand-ins."""
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-
-MTTY_TYPES = Path("/sys/class/mdev_bus/mtty/mdev_supported_types")
-MDEV_DEVICES = Path("/sys/bus/mdev/devices")
-
-
-def _sysfs_write(path: Path, data: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, data.encode())
-    finally:
-        os.close(fd)
 
 
 def _until(check: object, what: str, timeout: float = 20.0) -> None:
@@ -35,6 +22,7 @@ def _until(check: object, what: str, timeout: float = 20.0) -> None:
 def test_an_mdev_made_and_removed_behind_vgpumgrs_back_rereads_its_parent_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from api.watch import InventoryWatcher
+    from vgpumgr.backends import mdev as mdev_backend
     from vgpumgr.config import Config
     from vgpumgr.ops import context
     from vgpumgr.service import Service
@@ -55,14 +43,13 @@ def test_an_mdev_made_and_removed_behind_vgpumgrs_back_rereads_its_parent_only(
     try:
         svc.snapshot()
         assert len(scans) == 1 and svc.known_parent("mtty") == (None, "mtty")
-        uid = str(uuid.uuid4())
-        _sysfs_write(MTTY_TYPES / "mtty-1" / "create", uid)
+        uid = mdev_backend.create(svc.host, "mtty", "mtty-1").uuid  # through sysfs, not the service: no touch
         try:
             _until(lambda: "mtty" in svc._dirty_gpus or svc._snapshot is None, "mdev add on mtty")
             assert svc._snapshot is not None, "the add event dropped the whole snapshot"
             assert uid in {m.uuid for m in svc.snapshot().inventory.mdevs}
         finally:
-            _sysfs_write(MDEV_DEVICES / uid / "remove", "1")
+            mdev_backend.remove(svc.host, uid)
         _until(lambda: "mtty" in svc._dirty_gpus or svc._snapshot is None, "mdev remove on mtty")
         assert svc._snapshot is not None, "the remove event dropped the whole snapshot"
         assert uid not in {m.uuid for m in svc.snapshot().inventory.mdevs}
