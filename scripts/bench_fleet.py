@@ -284,6 +284,12 @@ def p99_of(sums: dict[float, float]) -> dict[str, float]:
     return {"n": total, "p99": lower * 1000}
 
 
+def p99_between(before: str, after: str, name: str, **labels: str) -> dict[str, float]:
+    """p99_of what the histogram counted between two /metrics texts of one service."""
+    was = buckets(before, name, **labels)
+    return p99_of({le: n - was.get(le, 0.0) for le, n in buckets(after, name, **labels).items()})
+
+
 def histogram_p99(exposition: str, name: str, **labels: str) -> dict[str, float]:
     """p99_of the histogram `name` in a /metrics text (the series whose labels include `labels`, summed)."""
     return p99_of(buckets(exposition, name, **labels))
@@ -486,15 +492,12 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
             place(0), capacity(0)  # warm
             with rest.client() as client:  # one client, as a scheduler keeps its connection
                 rest_place(0)
-                seen_text = client.get("/metrics").text  # what earlier sizes left in the service's histogram
-                seen = buckets(seen_text, "vgpumgr_fleet_place_seconds")
+                before = client.get("/metrics").text  # what earlier sizes left in the service's histogram
                 rest_ms = quantiles(timed(rest_place, max(10, queries // 4)))
-                exposition = client.get("/metrics").text
-                now = buckets(exposition, "vgpumgr_fleet_place_seconds")
-                rest_metric = p99_of({le: n - seen.get(le, 0.0) for le, n in now.items()})
-                errors = buckets(exposition, "vgpumgr_fleet_place_seconds", result="error")
-                rest_metric["errors"] = max(errors.values(), default=0.0) - max(
-                    buckets(seen_text, "vgpumgr_fleet_place_seconds", result="error").values(), default=0.0)
+                after = client.get("/metrics").text
+                name = "vgpumgr_fleet_place_seconds"
+                rest_metric = {**p99_between(before, after, name),
+                               "errors": p99_between(before, after, name, result="error")["n"]}
                 login(client, token)
                 page(0)
                 page_ms = quantiles(timed(page, max(8, queries // 10)))

@@ -332,8 +332,8 @@ def test_fleet_place_and_publish_latency_histograms(tmp_path: Path, monkeypatch:
 
         ok = client.get("/v1/fleet/place", params={"type": "T4-4Q"}, headers=read)
         assert ok.status_code == 200 and ok.json()["choice"]["host"] == e.service.hostname
-        full = client.get("/v1/fleet/place", params={"type": "T4-16Q"}, headers=read)  # the T4 holds a 4Q
-        assert full.status_code == 200 and full.json()["choice"] is None
+        no_room = client.get("/v1/fleet/place", params={"type": "T4-16Q"}, headers=read)  # the T4 holds a 4Q
+        assert no_room.status_code == 200 and no_room.json()["choice"] is None
         problem(client.get("/v1/fleet/place", params={"type": "T4-2Q", "vm": "m1"}, headers=read), 400)
         problem(client.get("/v1/fleet/place", params={"type": "T4-4Q", "count": 0}, headers=read), 422)  # uncounted
         nowhere = client.get("/v1/fleet/place", params={"type": "X9-1Q"}, headers=read)  # no host offers it

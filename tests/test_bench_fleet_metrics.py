@@ -39,3 +39,12 @@ def test_past_the_last_bound_it_says_the_last_bound_and_nothing_counted_is_nan()
     assert bench.histogram_p99(text, "x_seconds")["p99"] == 100.0  # histogram_quantile's answer past the top
     got = bench.histogram_p99(text, "x_seconds", result="error")
     assert got["n"] == 0 and got["p99"] != got["p99"]
+
+
+def test_between_two_scrapes_only_what_came_in_between_counts() -> None:
+    before = _exposition({"placed": [0.005] * 50})
+    after = _exposition({"placed": [0.005] * 50 + [0.03] * 10})
+    got = bench.p99_between(before, after, "x_seconds")
+    assert got["n"] == 10 and abs(got["p99"] - (20 + 30 * 9.9 / 10)) < 1e-6  # all ten in (20, 50]
+    assert bench.p99_between(before, after, "x_seconds", result="error")["n"] == 0
+

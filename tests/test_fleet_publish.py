@@ -117,8 +117,8 @@ def test_after_a_udev_event_a_change_writes_only_what_changed(tmp_path: Path, fr
     kinds: list[str] = []
     for name in ("write_gpus", "prune_gpus", "write_counts"):
         def spy(*a: Any, _name: str = name, _inner: Any = getattr(writes, name), **k: Any) -> Any:
-            gpus = a[2] if len(a) > 2 else []
-            calls.append((_name, sorted(getattr(g, "address", g) for g in gpus)))
+            written = a[2] if len(a) > 2 else []  # GpuCapacity rows, or prune_gpus' addresses
+            calls.append((_name, sorted(getattr(g, "address", g) for g in written)))
             return _inner(*a, **k)
         monkeypatch.setattr(writes, name, spy)
     svc.fleet.observe = lambda _s, kind: kinds.append(kind)

@@ -37,3 +37,13 @@ def test_an_mdev_event_rereads_its_gpu_and_anything_else_the_host(tmp_path: Path
         watcher._on_event(event)
         assert svc._snapshot is None, event  # the whole host is read again
     assert made.uuid in {m.uuid for m in svc.snapshot().inventory.mdevs}
+
+
+def test_an_mdev_event_on_a_vf_rereads_its_physical_gpu(tmp_path: Path) -> None:
+    root = profiles.create(tmp_path / "sim", "a40-sriov", vfs=4)
+    svc = Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / "state")), licence_mode="off")
+    inv = svc.snapshot().inventory
+    vf = next(g for g in inv.gpus if g.is_vf)
+    InventoryWatcher(svc)._on_event(_event("mdev", vf.address))
+    assert svc._snapshot is not None and svc._dirty_gpus == {vf.physfn}
+

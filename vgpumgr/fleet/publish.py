@@ -118,8 +118,8 @@ class Publisher:
             # wrote, and only what changed is written: a whole host marked by `invalidate()` too, which a udev event
             # calls after every mdev this host makes or removes (rewriting the host then cost a change 15-20 ms).
             # Where the host's GPUs are not those it wrote (its first publish, a GPU gone), every row is rewritten.
-            same_gpus = {g.address for g in caps} == set(self._written)
-            heal = everything and (not same_gpus or (full and not (heartbeat and self._beats % FULL_EVERY)))
+            due = full and not (heartbeat and self._beats % FULL_EVERY)
+            heal = everything and (due or {g.address for g in caps} != set(self._written))
             changed = caps if heal or not everything else [g for g in caps if self._written.get(g.address) != g]
             counts_only = [] if heal else [g for g in changed if g.address in self._written
                                            and _type_ids(self._written[g.address]) == _type_ids(g)]

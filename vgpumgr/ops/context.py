@@ -219,16 +219,12 @@ class Context:
             snap = self._snapshot
         if snap is None:
             return None
-        inv = snap.inventory
-        for t in inv.types:
-            if t.parent == parent:
-                return t.gpu, parent
-        for m in inv.mdevs:
-            if m.parent == parent:
-                return m.gpu, parent
-        for g in inv.gpus:
-            if g.address == parent:
-                return (None if g.is_vf else g.address), parent
+        g = snap.placer.gpus.get(parent)
+        if g is not None:  # a GPU or one of its VFs: the physical GPU is re-read
+            return g.physical, parent
+        for x in (*snap.inventory.types, *snap.inventory.mdevs):
+            if x.parent == parent:
+                return x.gpu, parent
         return None
 
     def touch(self, gpu: str | None, parent: str) -> None:
