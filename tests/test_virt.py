@@ -196,3 +196,38 @@ def test_state_dir_on_test_default_removes_what_the_snapshot_lacks(tmp_path: Pat
 
 def test_state_dir_is_ignored_for_real_uris(tmp_path: Path) -> None:
     assert Virt("qemu:///system", state_dir=tmp_path).state_path is None
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing after it runs, no handler catches it."""
+
+
+@pytest.mark.parametrize("kill_at", ["state.json", "unlink"])
+def test_a_save_killed_midway_leaves_a_state_the_next_connection_restores(
+        uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill_at: str) -> None:
+    from vgpumgr.virt import driver
+
+    state = tmp_path / "state"
+    with Virt(uri, state_dir=state) as first:
+        first.define(vm_xml("old"))
+        first.define(vm_xml("new"))
+    real_write = driver._write_atomic
+
+    def write(path: Path, text: str) -> None:
+        if kill_at == "state.json" and path.name == "state.json":
+            raise Killed
+        real_write(path, text)
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        raise Killed
+
+    monkeypatch.setattr(driver, "_write_atomic", write)
+    if kill_at == "unlink":
+        monkeypatch.setattr(Path, "unlink", unlink)
+    with Virt(uri, state_dir=state) as second, pytest.raises(Killed):
+        second.undefine("old")  # dies while saving
+    monkeypatch.undo()
+    with Virt(uri, state_dir=state) as third:
+        # the save either happened (state.json written) or did not: never a state.json naming a removed file
+        want = ["new"] if kill_at == "unlink" else ["new", "old"]
+        assert sorted(r["name"] for r in third.list()) == want

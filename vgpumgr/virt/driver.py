@@ -392,14 +392,15 @@ class Virt:
                 uuid = ids.mdev_uuid(dom.UUIDString())
                 _write_atomic(d / f"{uuid}.xml", dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
                 records.append({"uuid": uuid, "name": dom.name(), "state": STATE_NAMES.get(dom.state()[0])})
-            keep = {f"{r['uuid']}.xml" for r in records}
-            for stale in d.glob("*.xml"):
-                if stale.name not in keep:
-                    stale.unlink()
             # "save": different on every save, even when only a domain's XML changed, so that readers
             # (holder checks) can tell a new save by state.json's bytes alone
             _write_atomic(d / "state.json", json.dumps({"uri": self.uri, "save": os.urandom(8).hex(),
                                                         "domains": records}, indent=1))
+            # only after the new state.json: a process killed in between leaves the old one naming these files
+            keep = {f"{r['uuid']}.xml" for r in records}
+            for stale in d.glob("*.xml"):
+                if stale.name not in keep:
+                    stale.unlink()
 
     def _restore(self) -> None:
         """Make a fresh test connection match the saved snapshot (none saved: leave the driver as is)."""
