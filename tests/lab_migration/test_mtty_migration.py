@@ -138,7 +138,10 @@ def test_an_aborted_migration_leaves_the_domain_on_a_and_nothing_on_b(hosts: tup
         dom.abortJob()
     finally:
         job.join(timeout=300)
-    assert failure and "cancel" in str(failure[0]).lower(), failure
+    # The cancel closes the migration stream; libvirt reports whichever side noticed first: the cancel
+    # itself or the source's write into the closed stream (seen in CI at 2 MiB of 64 MiB sent at 1 MiB/s,
+    # so the migration could not have ended by itself)
+    assert failure and any(why in str(failure[0]).lower() for why in ("cancel", "broken pipe")), failure
 
     running_on(a, vm_name, ua)
     assert a.record(ua)["state"] == "active"
