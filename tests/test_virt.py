@@ -231,3 +231,14 @@ def test_a_save_killed_midway_leaves_a_state_the_next_connection_restores(
         # the save either happened (state.json written) or did not: never a state.json naming a removed file
         want = ["new"] if kill_at == "unlink" else ["new", "old"]
         assert sorted(r["name"] for r in third.list()) == want
+
+
+def test_a_saved_state_naming_a_missing_file_is_a_clear_error(uri: str, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with Virt(uri, state_dir=state) as first:
+        first.define(vm_xml("alpha"))
+    for saved in (state / "libvirt-test").glob("*.xml"):
+        saved.unlink()
+    with Virt(uri, state_dir=state) as second, pytest.raises(Unavailable) as exc:
+        second.list()
+    assert "cannot be read" in str(exc.value) and "remove" in exc.value.hint

@@ -424,7 +424,14 @@ class Virt:
                         if dom.isPersistent():
                             dom.undefine()
                 for r in records:
-                    dom = conn.defineXML((d / f"{ids.mdev_uuid(r['uuid'])}.xml").read_text())
+                    saved = d / f"{ids.mdev_uuid(r['uuid'])}.xml"
+                    try:
+                        text = saved.read_text()
+                    except OSError as exc:
+                        raise Unavailable(f"the saved test-driver state {snapshot} names {saved.name}, "
+                                          f"which cannot be read: {exc.strerror}",
+                                          hint=f"remove {d} to start from an empty test host") from exc
+                    dom = conn.defineXML(text)
                     state = r.get("state")
                     if state in ACTIVE_STATES and not dom.isActive():
                         dom.create()
