@@ -15,6 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,8 +46,6 @@ def main() -> int:
             parent = next(t.parent for t in inv.types)
             event = SimpleNamespace(subsystem="mdev", parent=SimpleNamespace(sys_name=parent))
             took = {}
-            from functools import partial
-
             for label, handle in (("whole", svc.invalidate), ("parent", partial(watcher._on_event, event))):
                 ms = []
                 for _ in range(a.runs):

@@ -47,4 +47,3 @@ def test_between_two_scrapes_only_what_came_in_between_counts() -> None:
     got = bench.p99_between(before, after, "x_seconds")
     assert got["n"] == 10 and abs(got["p99"] - (20 + 30 * 9.9 / 10)) < 1e-6  # all ten in (20, 50]
     assert bench.p99_between(before, after, "x_seconds", result="error")["n"] == 0
-

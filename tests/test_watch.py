@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from api.watch import InventoryWatcher
 from vgpumgr.backends import mdev as mdev_backend
 from vgpumgr.config import Config
@@ -19,7 +21,9 @@ def _event(subsystem: str, parent: str | None) -> SimpleNamespace:
     return SimpleNamespace(subsystem=subsystem, parent=SimpleNamespace(sys_name=parent) if parent else None)
 
 
-def test_an_mdev_event_rereads_its_gpu_and_anything_else_the_host(tmp_path: Path) -> None:
+def test_an_mdev_event_rereads_its_gpu_and_anything_else_the_host(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", "1")  # each change published: the GPU is marked for it
     root = profiles.create(tmp_path / "sim", "t4", scale=2)
     svc = Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / "state")), licence_mode="off")
     watcher = InventoryWatcher(svc)
@@ -27,7 +31,7 @@ def test_an_mdev_event_rereads_its_gpu_and_anything_else_the_host(tmp_path: Path
     made = mdev_backend.create(svc.host, T4, "nvidia-232", None)  # behind vgpumgr's back, as udev would report
     watcher._on_event(_event("mdev", T4))
     assert svc._snapshot is first and svc._dirty_gpus == {T4}  # kept: only the GPU is re-read
-    assert svc.fleet._pending == {T4} or not svc.fleet.per_change  # and marked for the fleet where it publishes
+    assert svc.fleet.per_change and svc.fleet._pending == {T4}  # and marked for the fleet
     after = svc.snapshot()
     assert after is not first and made.uuid in {m.uuid for m in after.inventory.mdevs}
     assert after.taken == first.taken  # a partial re-read keeps the full scan's time
@@ -46,4 +50,3 @@ def test_an_mdev_event_on_a_vf_rereads_its_physical_gpu(tmp_path: Path) -> None:
     vf = next(g for g in inv.gpus if g.is_vf)
     InventoryWatcher(svc)._on_event(_event("mdev", vf.address))
     assert svc._snapshot is not None and svc._dirty_gpus == {vf.physfn}
-

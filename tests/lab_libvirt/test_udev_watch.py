@@ -5,15 +5,16 @@ scanned again; tests/test_watch.py checks the other events with stand-ins."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 
-def _until(check: object, what: str, timeout: float = 20.0) -> None:
+def _until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return
         time.sleep(0.05)
     pytest.fail(f"no udev event within {timeout:g} s: {what}")
