@@ -1,4 +1,4 @@
--- vgpumgr schema at revision 0017_fleet_gpu_room: what `alembic upgrade head` leaves in an empty SQLite database.
+-- vgpumgr schema at revision 0018_fleet_best_fit: what `alembic upgrade head` leaves in an empty SQLite database.
 -- Written by `scripts/schema_snapshot.py`; tests/test_db.py checks it against the migrations.
 CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL, 
@@ -225,7 +225,7 @@ CREATE TABLE fleet_hosts (
 	heartbeat_at DATETIME NOT NULL, 
 	generation BIGINT NOT NULL, 
 	gpus INTEGER NOT NULL, 
-	vgpus INTEGER NOT NULL, types_generation BIGINT, 
+	vgpus INTEGER NOT NULL, types_generation BIGINT, fit_generation BIGINT, 
 	PRIMARY KEY (host_id), 
 	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
@@ -326,7 +326,7 @@ CREATE TABLE fleet_host_types (
 	open_gpus INTEGER NOT NULL, 
 	free INTEGER NOT NULL, 
 	used INTEGER NOT NULL, 
-	max INTEGER NOT NULL, 
+	max INTEGER NOT NULL, tightest_mb INTEGER, 
 	PRIMARY KEY (host_id, short), 
 	FOREIGN KEY(host_id) REFERENCES hosts (id) ON DELETE CASCADE
 );
@@ -339,6 +339,8 @@ CREATE INDEX ix_fleet_gpus_room ON fleet_gpus ((region_mb - used_mb)) WHERE vgpu
 CREATE INDEX ix_fleet_gpus_unroomed ON fleet_gpus (host_id) WHERE room_at IS NULL OR room_at <> published_at;
 CREATE INDEX ix_fleet_gpus_held ON fleet_gpus (vgpus, host_id, address) WHERE vgpus > 0;
 CREATE INDEX ix_fleet_capacity_short_gpu ON fleet_capacity (short, host_id, gpu);
-INSERT INTO "alembic_version" VALUES('0017_fleet_gpu_room');
+CREATE INDEX ix_fleet_host_types_fit ON fleet_host_types (short, tightest_mb, free, host) WHERE free > 0;
+CREATE INDEX ix_fleet_hosts_unfit ON fleet_hosts (host_id) WHERE fit_generation IS NULL OR fit_generation <> generation;
+INSERT INTO "alembic_version" VALUES('0018_fleet_best_fit');
 INSERT INTO "audit_head" VALUES(1,0,'0000000000000000000000000000000000000000000000000000000000000000');
 INSERT INTO "vgpumgr_schema" VALUES(1,0,NULL);

@@ -4,9 +4,11 @@
 
 Rows, per trace:
 (a) first-free: the first host, the first GPU, the driver's first free placement ID;
-(b) vgpumgr's placement: `fleet place`'s `pack` (the host with the fewest free instances of the size, as the
-    hosts publish them: creatable placements), then that host's own placement (`placement.ids.choose` and
-    `pack_order`, as bench_mixed.py's (c) row, which a test replays through `placement.place`);
+(b) vgpumgr's placement: `fleet place`'s `pack` (best fit: the host whose fullest GPU with a free instance of
+    the size, as the hosts publish them: creatable placements, has the fewest GB left; then the fewest free
+    instances; tests/test_fleet_place.py checks this order against `fleet.place.place`), then that host's own
+    placement (`placement.ids.choose` and `pack_order`, as bench_mixed.py's (c) row, which a test replays
+    through `placement.place`);
 (c) (b), and when an arrival is refused, `fleet compact`'s plan with at most k migrations (k = 1, 2, 4): the
     product's options (`fleet.compaction.options`: every start of the size, on every GPU with none free, that
     at most k migrations free, fewest moves then fewest GB first, the first `fleet_compact.TRIED` of them), each
@@ -74,20 +76,28 @@ def first_free() -> Placer:
     return place
 
 
-def vgpumgr_fleet() -> Placer:
-    """`fleet place --policy pack` (fewest free instances of the size on the host: its creatable placements,
-    as fleet/capacity.py publishes them in mixed-size mode), then the host's own choice."""
+def host_key(gpus: list[bm.Gpu], size: int) -> tuple[int, int] | None:
+    """`fleet place --policy pack`'s order of a host for `size` (before its name): the GB left on its fullest GPU
+    with a free instance of the size, then its free instances (creatable placements, as fleet/capacity.py
+    publishes them in mixed-size mode); None: no free instance."""
     table = bm.slots(REGION)
+    frees = [(len(pid.creatable(REGION, table[size], size, _taken(g))), g) for g in gpus]
+    rooms = [REGION - sum(s for _, s in _taken(g)) for n, g in frees if n]
+    return (min(rooms), sum(n for n, _ in frees)) if rooms else None
+
+
+def vgpumgr_fleet() -> Placer:
+    """`fleet place --policy pack` (`host_key`, then the host's name), then the host's own choice."""
     host_choice = bm.vgpumgr_policy(REGION)
 
     def place(fleet: Fleet, size: int, exclude: Collection[int] = ()) -> tuple[int, int, int] | None:
-        best: tuple[tuple[int, int], int] | None = None
+        best: tuple[tuple[int, int, int], int] | None = None
         for h, gpus in enumerate(fleet):
             if h in exclude:
                 continue
-            free = sum(len(pid.creatable(REGION, table[size], size, _taken(g))) for g in gpus)
-            if free and (best is None or (free, h) < best[0]):
-                best = ((free, h), h)
+            key = host_key(gpus, size)
+            if key is not None and (best is None or (*key, h) < best[0]):
+                best = ((*key, h), h)
         if best is None:
             return None
         got = host_choice(fleet[best[1]], size)

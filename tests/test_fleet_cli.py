@@ -49,7 +49,7 @@ def test_fleet_text_golden(fleet: list[str]) -> None:
         golden(name, _steady(out))
     rc, out, err = run(*fleet, "fleet", "place", "--type", "L40S-4Q")
     assert rc == 0 and out == ("1 x L40S-4Q would go to host gpu-d (GPU 0000:3d:00.0; https://gpu-d.example:8470): "
-                               "pack: 4 free L40S-4Q on 1 GPU(s)\n")  # a tie with gpu-here: by name
+                               "pack: 4 free L40S-4Q on 1 GPU(s), best fit: 49152 MB left\n")  # tied with gpu-here
     rc, out, _ = run(*fleet, "fleet", "hosts")
     states = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
     assert rc == 0 and states == {"gpu-a": "ok", "gpu-b": "cordoned", "gpu-c": "stale", "gpu-d": "ok",
@@ -63,7 +63,8 @@ def test_fleet_json_shapes(fleet: list[str]) -> None:
                                   "every_host", "rejected_counts"}
     assert d["compact"] is None  # a host fits: no compaction to hint at
     assert d["every_host"] and d["rejected_counts"] == {"not-offered": 1, "cordoned": 1, "stale": 1}
-    assert set(d["choice"]) == {"host", "endpoint", "migration_uri", "gpus", "free", "free_gpus", "why"}
+    assert set(d["choice"]) == {"host", "endpoint", "migration_uri", "gpus", "free", "free_gpus", "why",
+                                "tightest_mb"}
     assert {r["host"]: r["code"] for r in d["rejected"]} == {"gpu-a": "not-offered", "gpu-b": "cordoned",
                                                              "gpu-c": "stale"}
     rc, out, _ = run(*fleet, "fleet", "hosts", "--json")

@@ -3,12 +3,17 @@ reason for every other host out."""
 
 from __future__ import annotations
 
+import importlib.util
+import random
+from pathlib import Path
+
 import pytest
 
 from vgpumgr.errors import InvalidInput
 from vgpumgr.fleet.place import FleetRequest, Migrating, place, with_gpus
 from vgpumgr.fleet.store import GpuOffer, HostRow, OfferGroup
 from vgpumgr.nvidia import compat
+from vgpumgr.placement import ids as pid
 
 L40S, H100_PCIE = ("NVIDIA L40S", "26b9"), ("NVIDIA H100 PCIe", "2331")
 
@@ -19,10 +24,10 @@ def host(i: int, name: str, *, age: float = 1.0, window: float = 90.0, cordoned:
                    1.7e9, age, 1, 8, 0, cordoned, reason, "admin" if cordoned else None)
 
 
-def group(i: int, free_per_gpu: list[int], board: tuple[str, str] = L40S, name: str = "NVIDIA L40S-4Q"
-          ) -> OfferGroup:
+def group(i: int, free_per_gpu: list[int], board: tuple[str, str] = L40S, name: str = "NVIDIA L40S-4Q",
+          tightest_mb: int | None = None) -> OfferGroup:
     return OfferGroup(i, board[0], board[1], name, len(free_per_gpu), sum(1 for f in free_per_gpu if f > 0),
-                      sum(free_per_gpu), 0)
+                      sum(free_per_gpu), 0, tightest_mb)
 
 
 def why(d) -> dict[str, tuple[str, str]]:  # noqa: ANN001
@@ -55,6 +60,60 @@ def test_pack_fills_the_fullest_host_and_spread_the_emptiest() -> None:
     assert place(hosts[:2], tied, FleetRequest("L40S-4Q")).choice.host == "a"  # then by name
 
 
+def test_pack_is_best_fit_the_host_whose_fullest_open_gpu_has_least_left() -> None:
+    hosts = [host(1, "a"), host(2, "b"), host(3, "c"), host(4, "d"), host(5, "e")]
+    groups = [group(1, [1], tightest_mb=8192), group(2, [5, 6], tightest_mb=4096), group(3, [2], tightest_mb=4096),
+              group(4, [1]), group(5, [3], tightest_mb=40960)]
+    d = place(hosts, groups, FleetRequest("L40S-4Q"))
+    # least room first (b and c tie: fewer free), a room not known (d: an older release's GPU) last
+    assert [c.host for c in d.ranked] == ["c", "b", "a", "e", "d"]
+    assert d.choice.tightest_mb == 4096 and d.choice.why == "pack: 2 free L40S-4Q on 1 GPU(s), best fit: 4096 MB left"
+    assert d.as_dict()["choice"]["tightest_mb"] == 4096
+    # spread is unchanged: the most free instances
+    assert place(hosts, groups, FleetRequest("L40S-4Q", strategy="spread")).choice.host == "b"
+    # two boards of one host: the tightest of the GPUs the policy allows
+    two = [group(1, [1], tightest_mb=1024), group(1, [1], board=H100_PCIE, name="NVIDIA H100-4Q", tightest_mb=512),
+           group(2, [1], tightest_mb=2048)]
+    assert place(hosts[:2], two, FleetRequest("L40S-4Q")).choice.tightest_mb == 512
+    assert place(hosts[:2], two, FleetRequest("L40S-4Q", deny_models=("2331",))).choice.tightest_mb == 1024
+
+
+_SPEC = importlib.util.spec_from_file_location("bench_fleet_density",
+                                               Path(__file__).parent.parent / "scripts" / "bench_fleet_density.py")
+assert _SPEC and _SPEC.loader
+density = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(density)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_density_benchs_row_b_ranks_hosts_as_fleet_place_does(seed: int) -> None:
+    """scripts/bench_fleet_density.py replays `fleet place --policy pack` with its own host order (`host_key`): on
+    random mixed-size fleets it ranks every host as the product does from the rows the hosts would publish."""
+    bm, region = density.bm, density.REGION
+    table = bm.slots(region)
+    rnd = random.Random(seed)
+    fleet = [[[] for _ in range(density.PER_HOST)] for _ in range(density.HOSTS)]
+    for _ in range(rnd.randrange(20, 120)):
+        size = rnd.choice(sorted(table))
+        h, i = rnd.randrange(density.HOSTS), rnd.randrange(density.PER_HOST)
+        p = pid.first_free(region, density._taken(fleet[h][i]), table[size], size)
+        if p is not None:
+            fleet[h][i].append((p, size, 0))
+    hosts = [host(h + 1, f"host-{h:02d}") for h in range(density.HOSTS)]
+    for size in sorted(table):
+        groups = []
+        for h, gpus in enumerate(fleet):
+            free = [len(pid.creatable(region, table[size], size, density._taken(g))) for g in gpus]
+            rooms = [(region - sum(s for _, s, _ in g)) * 1024 for f, g in zip(free, gpus, strict=True) if f]
+            groups.append(OfferGroup(h + 1, *L40S, f"NVIDIA L40S-{size}Q", len(gpus), len(rooms), sum(free), 0,
+                                     min(rooms, default=None)))
+        ranked = [c.host for c in place(hosts, groups, FleetRequest(f"L40S-{size}Q")).ranked]
+        keyed = sorted((k, h) for h, gpus in enumerate(fleet) if (k := density.host_key(gpus, size)) is not None)
+        assert ranked == [f"host-{h:02d}" for _, h in keyed]
+        chosen = density.vgpumgr_fleet()(fleet, size, ())
+        assert (chosen is None) == (not ranked) and (chosen is None or f"host-{chosen[0]:02d}" == ranked[0])
+
+
 def test_count_needs_that_many_gpus_for_nvidia_and_instances_otherwise() -> None:
     hosts = [host(1, "a"), host(2, "b")]
     d = place(hosts, [group(1, [9]), group(2, [1, 1])], FleetRequest("L40S-4Q", count=2))
@@ -78,6 +137,11 @@ def test_with_gpus_names_the_gpus_in_the_policys_order_and_only_usable_boards() 
     assert with_gpus(d, rows, {1: "a"}).choice.gpus == ("0000:01:00.0", "0000:02:00.0")
     d = place(hosts, groups, FleetRequest("L40S-4Q", allow_models=("L40S",), strategy="spread"))
     assert with_gpus(d, rows, {1: "a"}).choice.gpus == ("0000:02:00.0",)
+    # pack: the GPU with the least room first (best fit), then the fewest free; a room not known last
+    rooms = [rows[0]._replace(room_mb=20480), rows[1]._replace(room_mb=4096),
+             GpuOffer(1, "0000:04:00.0", *L40S, "NVIDIA L40S-4Q", 1)]
+    d = place(hosts, groups, FleetRequest("L40S-4Q", allow_models=("L40S",), count=2))
+    assert with_gpus(d, rooms, {1: "a"}).choice.gpus == ("0000:02:00.0", "0000:01:00.0")
 
 
 def test_a_migrating_vm_needs_its_board_and_its_vgpu_manager() -> None:

@@ -21,8 +21,10 @@ from vgpumgr.service import Service
 from vgpumgr.sim import profiles
 
 SUMMARY = ("SELECT c.host_id, c.short, count(*), sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), sum(c.free), "
-           "sum(c.used), sum(coalesce(c.max, 0)) FROM fleet_capacity c GROUP BY c.host_id, c.short")
-KEPT = "SELECT host_id, short, gpus, open_gpus, free, used, max FROM fleet_host_types"
+           "sum(c.used), sum(coalesce(c.max, 0)), min(CASE WHEN c.free > 0 THEN g.region_mb - g.used_mb END) "
+           "FROM fleet_capacity c JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu "
+           "GROUP BY c.host_id, c.short")
+KEPT = "SELECT host_id, short, gpus, open_gpus, free, used, max, tightest_mb FROM fleet_host_types"
 
 
 def _service(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch, name: str, publish: str = "1") -> Service:
@@ -37,7 +39,8 @@ def _summaries(svc: Service) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]]
     with svc.reads() as s:
         summed = {tuple(int(x) if isinstance(x, int) else x for x in r) for r in s.execute(text(SUMMARY))}
         kept = {tuple(r) for r in s.execute(text(KEPT))}
-        marks = [tuple(r) for r in s.execute(text("SELECT generation, types_generation FROM fleet_hosts"))]
+        marks = [tuple(r) for r in s.execute(text("SELECT generation, types_generation, fit_generation "
+                                                  "FROM fleet_hosts"))]
     return summed, kept, marks
 
 
@@ -51,7 +54,8 @@ def test_each_hosts_summary_follows_every_publish(tmp_path: Path, fresh_db_url: 
     publish_synthetic(fresh_db_url, "sum-b", board_capacity(tmp_path, "t4", scale=2, fill={1: ("T4-2Q", 3)}))
     summed, kept, marks = _summaries(svc)
     assert summed == kept and len(kept) > 20
-    assert all(g == t for g, t in marks)  # every summary true for its host's generation
+    assert all(g == t == f for g, t, f in marks)  # every summary and best fit true for its host's generation
+    assert any(r[-1] not in (None, 16384) for r in kept)  # a GPU partly used is some host's tightest
     with svc.reads() as s:
         row = s.execute(text("SELECT free, used, open_gpus FROM fleet_host_types t JOIN hosts h ON h.id = t.host_id "
                              "WHERE h.name = 'sum-a' AND t.short = 'T4-4Q'")).one()
@@ -113,6 +117,19 @@ def test_a_large_fleets_answer_is_the_one_reading_every_host_gives(tmp_path: Pat
         req = FleetRequest("T4-4Q", strategy=strategy)
         full, large = svc.fleet_place(req, every_host=True), svc.fleet_place(req)
         assert _names(large) == _names(full) and large.choice == full.choice and large.choice.host != first
+    # the release before this one moves the counts and the GPUs' room and carries its summary's mark on, not the
+    # summary's tightest GPU: the host whose GPU has the least room now is `pack`'s choice all the same
+    last = svc.fleet_place(FleetRequest("T4-4Q"), every_host=True).ranked[-1].host
+    with svc.tx() as s:
+        s.execute(text("UPDATE fleet_gpus SET used_mb = region_mb - 1024 WHERE host_id = (SELECT id FROM hosts "
+                       "WHERE name = :h) AND address = (SELECT min(c.gpu) FROM fleet_capacity c JOIN hosts n ON "
+                       "n.id = c.host_id WHERE n.name = :h AND c.short = 'T4-4Q' AND c.free > 0)"), {"h": last})
+        s.execute(text("UPDATE fleet_hosts SET generation = generation + 1, types_generation = CASE WHEN "
+                       "types_generation = generation THEN generation + 1 END WHERE host_id = "
+                       "(SELECT id FROM hosts WHERE name = :h)"), {"h": last})
+    full, large = svc.fleet_place(FleetRequest("T4-4Q"), every_host=True), svc.fleet_place(FleetRequest("T4-4Q"))
+    assert full.choice.host == last and full.choice.tightest_mb == 1024
+    assert large.choice == full.choice and _names(large) == _names(full)
     # the best host's window passes (its rows and summary untouched), then the next best is cordoned: neither is
     # chosen again, and the counts by reason follow (stale hosts are found by the time their window ends)
     req = FleetRequest("T4-2Q", strategy="spread")

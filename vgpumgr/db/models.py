@@ -421,6 +421,7 @@ class HostCordon(Base):
 
 
 _UNSUMMARIZED = text("types_generation IS NULL OR types_generation <> generation")
+_UNFIT = text("fit_generation IS NULL OR fit_generation <> generation")
 
 
 class FleetHost(Base):
@@ -428,6 +429,7 @@ class FleetHost(Base):
     __table_args__ = (
         # the hosts placement reads from their own rows (vgpumgr.fleet.ranked.irregular)
         Index("ix_fleet_hosts_unsummarized", "host_id", postgresql_where=_UNSUMMARIZED, sqlite_where=_UNSUMMARIZED),
+        Index("ix_fleet_hosts_unfit", "host_id", postgresql_where=_UNFIT, sqlite_where=_UNFIT),
         # when each host goes stale (PostgreSQL; the function is migration 0016's): the stale hosts found, and
         # counted by the planner, through an index
         Index("ix_fleet_hosts_fresh_until", text("fleet_fresh_until(heartbeat_at, stale_after_s)"))
@@ -448,6 +450,9 @@ class FleetHost(Base):
     # the generation its fleet_host_types rows are true for: a host that runs an older vgpumgr moves
     # `generation` alone, and placement then reads that host's own rows instead of its summary
     types_generation: Mapped[int | None] = mapped_column(BigInteger)
+    # the generation its fleet_host_types.tightest_mb values are true for: the previous release moves the counts
+    # (and carries types_generation on) without them
+    fit_generation: Mapped[int | None] = mapped_column(BigInteger)
 
 
 _UNROOMED = "room_at IS NULL OR room_at <> published_at"
@@ -538,8 +543,12 @@ class FleetHostType(Base):
 
     __tablename__ = "fleet_host_types"
     __table_args__ = (
-        # the hosts with a free instance in `pack` and in `spread` order; only rows with room are indexed
+        # the hosts with a free instance in order; only rows with room are indexed. By free alone: the previous
+        # release's `pack` (a contract step may drop it)
         Index("ix_fleet_host_types_pack", "short", "free", "host", postgresql_where=text("free > 0"),
+              sqlite_where=text("free > 0")),
+        # `pack`: the host whose fullest GPU with a free instance has the least framebuffer left (best fit)
+        Index("ix_fleet_host_types_fit", "short", "tightest_mb", "free", "host", postgresql_where=text("free > 0"),
               sqlite_where=text("free > 0")),
         Index("ix_fleet_host_types_spread", "short", text("(-free)"), "host", postgresql_where=text("free > 0"),
               sqlite_where=text("free > 0")),
@@ -564,3 +573,5 @@ class FleetHostType(Base):
     free: Mapped[int] = mapped_column(Integer)
     used: Mapped[int] = mapped_column(Integer)
     max: Mapped[int] = mapped_column(Integer)  # the GPUs' maxima summed (0 where unknown)
+    # of its GPUs with a free instance, the least framebuffer left (region_mb - used_mb); None: none, or unknown
+    tightest_mb: Mapped[int | None] = mapped_column(Integer)

@@ -33,7 +33,7 @@ from vgpumgr.resources import data_dir
 MIGRATIONS_DIR = data_dir("migrations")
 # The newest migration. Stamped here so that a start can compare it with the database's revision
 # without loading Alembic (~100 ms); tests/test_db.py checks it against Alembic's head.
-SCHEMA_REVISION = "0017_fleet_gpu_room"
+SCHEMA_REVISION = "0018_fleet_best_fit"
 
 LOCK_KEY = 0x76677075  # pg_advisory_xact_lock key of schema changes ("vgpu")
 LIVE_WINDOW = timedelta(hours=24)  # a host seen this recently counts as running its recorded code

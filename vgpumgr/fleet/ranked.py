@@ -1,17 +1,18 @@
 """The fleet's answers at ten thousand hosts: the best hosts of a type through an index, and the rest counted.
 
 Each host keeps one row per vGPU type it offers (`fleet_host_types`: its GPUs', open GPUs', free and used
-instances summed), written in the transaction of every publish that moves its `fleet_capacity` rows
-(vgpumgr.fleet.writes). A partial index over the rows with a free instance, in `pack` order and in `spread`
-order, gives the hosts a placer would rank first without reading the others; the freshness of the heartbeat and
-the cordon are checked in the same query, so a stale or cordoned host is never among them. The pure placer
+instances summed, and the least framebuffer left on a GPU with a free instance), written in the transaction of
+every publish that moves its `fleet_capacity` rows (vgpumgr.fleet.writes). A partial index over the rows with a
+free instance, in `pack` order and in `spread` order, gives the hosts a placer would rank first without reading
+the others; the freshness of the heartbeat and the cordon are checked in the same query, so a stale or cordoned
+host is never among them. The pure placer
 (vgpumgr.fleet.place) then ranks those hosts from their own rows, as it ranks a small fleet, so the choice is the
 one it would make over every host:
-- a host with one board offering the type is walked in the placer's own order (its free instances, then its
-  name, in byte order);
+- a host with one board offering the type is walked in the placer's own order (`pack`: the room left on its
+  fullest GPU with a free instance, then its free instances, then its name, in byte order);
 - a host with two boards offering one type (its summary counts both, a model filter may allow one) and a host
-  whose summary is not true for its generation (it runs the previous release, which moves its rows alone) are
-  always read from their own rows.
+  whose summary is not true for its generation (it runs an older release, which moves its rows alone or its
+  counts without their tightest GPU) are always read from their own rows.
 Everything else is counted, not listed: hosts stale, cordoned, not offering the type, without room for it.
 """
 
@@ -90,11 +91,12 @@ def counts(s: Session, short: str, count: int, nvidia: bool) -> Counts:
 def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, offset: int, limit: int,
                board: str | None = None, driver: str | None = None) -> list[int]:
     """Hosts with one board offering the type, fresh, not cordoned, with room for `count`, in the placer's order
-    (`pack`: fewest free first; `spread`: most), `limit` of them from `offset`; `board` and `driver` (a migrating
+    (`pack`: the least framebuffer left on a GPU with a free instance, then fewest free; `spread`: most free),
+    `limit` of them from `offset`; `board` and `driver` (a migrating
     VM's) leave out hosts NVIDIA's rules refuse anyway. A host whose summary is behind its generation may be
     among them: the caller reads it from its own rows (`irregular`) and skips it here. (Asking for summarized
     hosts here made the planner, which cannot estimate `types_generation = generation`, join every host.)"""
-    order = "t.free, t.host" if strategy == "pack" else "(-t.free), t.host"
+    order = "t.tightest_mb NULLS LAST, t.free, t.host" if strategy == "pack" else "(-t.free), t.host"
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
     where = [f"t.short = :short AND t.free > 0 AND t.boards = 1 AND {room}", _FRESH[_dialect(s)], _UNCORDONED]
     params: dict[str, Any] = {"short": short, "count": count}  # LIMIT and OFFSET written in: compaction.full_gpus
@@ -113,12 +115,14 @@ def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, 
 
 
 def irregular(s: Session, short: str) -> list[int]:
-    """Hosts read from their own rows whatever their rank: two boards offering the type, or a summary not true
-    for the host's generation (both rare: a partial index finds the first, the second is empty once every host
-    runs this release)."""
+    """Hosts read from their own rows whatever their rank: two boards offering the type, or a summary (or its
+    tightest GPUs) not true for the host's generation (both rare: partial indexes find them, the second empty once
+    every host runs this release)."""
     sql = text("SELECT host_id FROM fleet_host_types WHERE short = :short AND boards > 1 "
                "UNION SELECT host_id FROM fleet_hosts h WHERE h.types_generation IS NULL "
-               "OR h.types_generation <> h.generation")
+               "OR h.types_generation <> h.generation "
+               "UNION SELECT host_id FROM fleet_hosts h WHERE h.fit_generation IS NULL "
+               "OR h.fit_generation <> h.generation")
     return [r[0] for r in s.execute(sql, {"short": short})]
 
 

@@ -86,12 +86,12 @@ def _sqlite_capacity_sql() -> str:
 
 
 def _host_sql(pg: bool) -> str:
-    cols = ("host_id", *_HOST_COLS, "heartbeat_at", "generation", "types_generation")
+    cols = ("host_id", *_HOST_COLS, "heartbeat_at", "generation", "types_generation", "fit_generation")
     if pg:
-        values = ", ".join(f"%({c})s" for c in cols[:-3]) + ", now(), 1, 1"
+        values = ", ".join(f"%({c})s" for c in cols[:-4]) + ", now(), 1, 1, 1"
         target = "h"
     else:
-        values = ", ".join("?" * (len(cols) - 2)) + ", 1, 1"
+        values = ", ".join("?" * (len(cols) - 3)) + ", 1, 1, 1"
         target = "fleet_hosts"
     sets = ", ".join(f"{c} = excluded.{c}" for c in (*_HOST_COLS, "heartbeat_at"))
     return (f"INSERT INTO fleet_hosts{' AS h' if pg else ''} ({', '.join(cols)}) VALUES ({values}) ON CONFLICT "
@@ -99,19 +99,23 @@ def _host_sql(pg: bool) -> str:
 
 
 # fleet_host_types rows stay true for the host's generation only while every publish keeps them: one that wrote
-# them (refresh_types) or moved them with the counts (_PG_CHANGE) carries the mark on; the previous release's
-# publish moves `generation` alone, and the host's summary is then not trusted until its next full publish
+# them (refresh_types) or moved them with the counts (_PG_CHANGE, then _PG_FIT) carries the mark on; an older
+# release's publish moves `generation` alone (or, the previous one, carries types_generation on without moving
+# tightest_mb), and the host's summary (or its best fit) is then not trusted until its next full publish
 _KEEP_TYPES = ("types_generation = CASE WHEN {t}.types_generation = {t}.generation THEN {t}.generation + 1 "
-               "END")
+               "END, fit_generation = CASE WHEN {t}.fit_generation = {t}.generation THEN {t}.generation + 1 END")
 
-# A host's summary per type from its own rows (fleet.store.HostType): after the rows themselves were written
+# A host's summary per type from its own rows (fleet.store.HostType)
+# (after the rows themselves were written); `tightest_mb`: of the GPUs with a free instance, the least room
+_TIGHTEST = "min(CASE WHEN c.free > 0 THEN g.region_mb - g.used_mb END)"
 _SUMMARY_SELECT = (
     "SELECT c.short, min(n.name), min(c.name), min(c.model), min(c.device_id), min(c.framebuffer_mb), "
     "count(DISTINCT c.model || '/' || c.device_id), count(*), sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), "
-    "sum(c.free), sum(c.used), sum(coalesce(c.max, 0)) FROM fleet_capacity c JOIN hosts n ON n.id = c.host_id "
+    f"sum(c.free), sum(c.used), sum(coalesce(c.max, 0)), {_TIGHTEST} FROM fleet_capacity c "
+    "JOIN hosts n ON n.id = c.host_id JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu "
     "WHERE c.host_id = {h} GROUP BY c.short")
 _TYPE_COLS = ("host", "name", "model", "device_id", "framebuffer_mb", "boards", "gpus", "open_gpus", "free", "used",
-              "max")
+              "max", "tightest_mb")
 
 
 def _types_sql(pg: bool) -> tuple[str, ...]:
@@ -124,7 +128,7 @@ def _types_sql(pg: bool) -> tuple[str, ...]:
               + ", ".join(f"{c} = excluded.{c}" for c in _TYPE_COLS) + f" WHERE {changed}")
     gone = (f"DELETE FROM fleet_host_types WHERE host_id = {h} AND short NOT IN "
             f"(SELECT short FROM fleet_capacity WHERE host_id = {h})")
-    mark = f"UPDATE fleet_hosts SET types_generation = generation WHERE host_id = {h}"
+    mark = f"UPDATE fleet_hosts SET types_generation = generation, fit_generation = generation WHERE host_id = {h}"
     if pg:
         return (f"WITH gone AS ({gone} RETURNING 1), kept AS ({upsert} RETURNING 1) {mark}",)
     return gone, upsert, mark
@@ -167,6 +171,14 @@ _PG_CHANGE = (
     "UPDATE fleet_hosts SET heartbeat_at = now(), generation = generation + 1, "
     + _KEEP_TYPES.format(t="fleet_hosts") + ", gpus = %(gpus)s, vgpus = %(total)s FROM l WHERE host_id = %(h)s")
 _PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT 1"  # the same without the host row
+# Then each type's tightest GPU afresh from the host's rows (a least value is not moved by deltas): a statement of
+# its own, whose snapshot, taken with the host's publish lock held, sees every publish of the host before it and
+# the change's own rows (one statement could read another process's rows as they were before the lock)
+_PG_FIT = (
+    f"UPDATE fleet_host_types t SET tightest_mb = x.tightest_mb FROM (SELECT c.short, {_TIGHTEST} AS tightest_mb "
+    "FROM fleet_capacity c JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu WHERE c.host_id = "
+    "%(h)s GROUP BY c.short) AS x WHERE t.host_id = %(h)s AND t.short = x.short AND t.tightest_mb IS DISTINCT FROM "
+    "x.tightest_mb")
 _SQLITE_CHANGE = (
     "UPDATE fleet_capacity SET free = ?, used = ?, max = ? WHERE host_id = ? AND gpu = ? AND type_id = ? AND "
     "(free IS NOT ? OR used IS NOT ? OR max IS NOT ?)",
@@ -176,7 +188,7 @@ _SQLITE_CHANGE = (
     + ", gpus = ?, vgpus = ? WHERE host_id = ?")
 
 _SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "host": _host_sql(True),
-                       "change": _PG_CHANGE, "counts": _PG_COUNTS, "types": _types_sql(True)[0]},
+                       "change": _PG_CHANGE, "counts": _PG_COUNTS, "fit": _PG_FIT, "types": _types_sql(True)[0]},
         "sqlite": {"gpus": _sqlite_gpus_sql(), "capacity": _sqlite_capacity_sql(), "host": _host_sql(False),
                    "change-capacity": _SQLITE_CHANGE[0], "change-gpus": _SQLITE_CHANGE[1],
                    "change-host": _SQLITE_CHANGE[2]}}
@@ -201,7 +213,7 @@ def _server_prepared(name: str, sql: str) -> tuple[str, str, tuple[str, ...]]:
     return prepare, execute, tuple(order)
 
 
-_PREPARED = {name: _server_prepared(name, _SQL["postgresql"][name]) for name in ("change", "counts")}
+_PREPARED = {name: _server_prepared(name, _SQL["postgresql"][name]) for name in ("change", "counts", "fit")}
 
 
 def _sqlite_now() -> str:
@@ -287,15 +299,17 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
             "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
             "region_mb": [g.region_mb for g in gpus], "used_mb": [g.used_mb for g in gpus],
             "gpus": gpu_count, "total": vgpus})
+        _run(s, "fit", {"h": host_id})
         return
     now = _sqlite_now()
     if types:
         _run(s, "change-capacity", [(t.free, t.used, t.max, host_id, a, t.type, t.free, t.used, t.max)
                                     for a, t in types], many=True)
-        refresh_types(s, host_id)
     if gpus:
         _run(s, "change-gpus", [(g.vgpus, g.mode, g.region_mb, g.used_mb, now, now, host_id, g.address)
                                 for g in gpus], many=True)
+    if types:  # after the GPUs' room: the summary's tightest GPU reads it
+        refresh_types(s, host_id)
     if host:
         _run(s, "change-host", (now, gpu_count, vgpus, host_id))
 
