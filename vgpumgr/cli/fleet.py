@@ -58,7 +58,8 @@ def register(sub: Any, cmd: Any, group: Any) -> None:
     p.add_argument("--count", type=integer(1, 64, "--count"), default=1, metavar="N",
                    help="vGPUs of the type for the VM (one per GPU)")
     p.add_argument("--policy", choices=("pack", "spread"), default="pack",
-                   help="pack: the host with the fewest free instances first; spread: the most")
+                   help="pack: best fit, the host whose fullest GPU with room has the least framebuffer left; "
+                        "spread: the most free instances")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODEL")
     p.add_argument("--deny-model", action="append", default=[], metavar="MODEL")
     p.add_argument("--explain", action="store_true",
