@@ -332,6 +332,54 @@ def test_a_change_that_waited_for_its_hosts_lock_reads_what_the_holder_wrote(
         engine.dispose()
 
 
+_TIGHTEST = ("SELECT c.short, min(CASE WHEN c.free > 0 THEN g.region_mb - g.used_mb END) FROM fleet_capacity c "
+             "JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu WHERE c.host_id = :h GROUP BY c.short")
+
+
+def test_a_change_that_waited_for_its_hosts_lock_takes_the_best_fit_afresh(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each type's tightest GPU is read from all the host's rows, the untouched ones unlocked: where another
+    publish of the host committed while the change waited for the lock (another GPU filled up), the change sees
+    its generation moved, and the best fit is taken afresh after it: true, and marked true."""
+    import threading
+
+    from sqlalchemy import create_engine
+
+    if not fresh_db_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time")
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-f", scale=2)
+    svc.publish_fleet()
+    svc.allocate("T4-4Q", vm="web1")
+    host = {"h": svc.host_id(None), "g": T4}  # type: ignore[arg-type]
+    engine = create_engine(fresh_db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as holder, engine.connect() as probe:
+            other = holder.execute(text("SELECT min(address) FROM fleet_gpus WHERE host_id = :h AND address <> :g"),
+                                   host).scalar()
+            holder.execute(text("SELECT pg_advisory_xact_lock(1986490485, :h)"), host)
+            # another process's publish: a 2Q on the other GPU, its room and its summary's counts, one generation on
+            holder.execute(text("UPDATE fleet_gpus SET vgpus = 1, used_mb = 2048 WHERE host_id = :h AND address = :o"),
+                           {**host, "o": other})
+            holder.execute(text("UPDATE fleet_hosts SET generation = generation + 1, types_generation = "
+                                "types_generation + 1, fit_generation = fit_generation + 1 WHERE host_id = :h"), host)
+            change = threading.Thread(target=lambda: svc.allocate("T4-4Q", vm="web2"))
+            change.start()
+            _wait_for_the_lock(probe, host)
+            holder.commit()
+            change.join(30)
+        assert not change.is_alive()
+        with svc.reads() as s:
+            kept = dict(s.execute(text("SELECT short, tightest_mb FROM fleet_host_types WHERE host_id = :h"), host)
+                        .all())
+            fresh = dict(s.execute(text(_TIGHTEST), host).all())
+            marks = s.execute(text("SELECT generation, fit_generation FROM fleet_hosts WHERE host_id = :h"),
+                              host).one()
+        assert kept == fresh and kept["T4-2Q"] == 16384 - 2048 and kept["T4-4Q"] == 16384 - 2 * 4096
+        assert marks[0] == marks[1]
+    finally:
+        engine.dispose()
+
+
 def test_a_lookup_between_changes_keeps_the_change_statement_prepared(
         tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """psycopg 3 forgets every statement it prepared at a ROLLBACK: a lookup (`svc.reads()`, which a release

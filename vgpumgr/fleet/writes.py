@@ -95,7 +95,8 @@ def _host_sql(pg: bool) -> str:
         target = "fleet_hosts"
     sets = ", ".join(f"{c} = excluded.{c}" for c in (*_HOST_COLS, "heartbeat_at"))
     return (f"INSERT INTO fleet_hosts{' AS h' if pg else ''} ({', '.join(cols)}) VALUES ({values}) ON CONFLICT "
-            f"(host_id) DO UPDATE SET {sets}, generation = {target}.generation + 1, {_KEEP_TYPES.format(t=target)}")
+            f"(host_id) DO UPDATE SET {sets}, generation = {target}.generation + 1, {_KEEP_TYPES.format(t=target)}, "
+            f"{_KEEP_FIT.format(t=target)}")
 
 
 # fleet_host_types rows stay true for the host's generation only while every publish keeps them: one that wrote
@@ -103,7 +104,8 @@ def _host_sql(pg: bool) -> str:
 # release's publish moves `generation` alone (or, the previous one, carries types_generation on without moving
 # tightest_mb), and the host's summary (or its best fit) is then not trusted until its next full publish
 _KEEP_TYPES = ("types_generation = CASE WHEN {t}.types_generation = {t}.generation THEN {t}.generation + 1 "
-               "END, fit_generation = CASE WHEN {t}.fit_generation = {t}.generation THEN {t}.generation + 1 END")
+               "END")
+_KEEP_FIT = "fit_generation = CASE WHEN {t}.fit_generation = {t}.generation THEN {t}.generation + 1 END"
 
 # A host's summary per type from its own rows (fleet.store.HostType)
 # (after the rows themselves were written); `tightest_mb`: of the GPUs with a free instance, the least room
@@ -147,9 +149,15 @@ _PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
 # than the lock (a publish that held it may have committed meanwhile), so every row whose old values it reads is
 # locked first (READ COMMITTED then reads its newest version), and only then compared with the new values.
 # The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
-# touched GPUs' rows are read, not every row of the host's touched types.
+# touched GPUs' rows are locked, not every row of the host's touched types.
+# Each type's tightest GPU (a least value, which deltas cannot move) is taken afresh from all the host's rows, the
+# touched ones at their new values; the others are read unlocked, as the statement's snapshot has them, which is
+# their newest unless another publish of the host committed while this one waited for the lock. The host row,
+# updated last, tells: its generation as the snapshot has it against the newest (the UPDATE's own row); where
+# they differ the best fit is marked not true (fit_generation NULL) and the caller takes it afresh (_PG_FIT).
 _PG_CHANGE = (
     f"WITH l AS MATERIALIZED ({_PUBLISH_LOCK}), "
+    "sg AS MATERIALIZED (SELECT generation FROM fleet_hosts WHERE host_id = %(h)s), "
     "v AS (SELECT v.* FROM l, unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
     "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
     "o AS (SELECT c.gpu, c.type_id, c.short, c.free AS was_free, c.used AS was_used, c.max AS was_max, v.free, "
@@ -161,31 +169,41 @@ _PG_CHANGE = (
     "d AS (SELECT short, sum(CASE WHEN free > 0 THEN 1 ELSE 0 END - CASE WHEN was_free > 0 THEN 1 ELSE 0 END) AS "
     "open_gpus, sum(free - was_free) AS free, sum(used - was_used) AS used, "
     "sum(coalesce(max, 0) - coalesce(was_max, 0)) AS max FROM m GROUP BY short), "
-    "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + d.open_gpus, free = t.free + d.free, "
-    "used = t.used + d.used, max = t.max + d.max FROM d WHERE t.host_id = %(h)s AND t.short = d.short AND "
-    "(d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0) RETURNING 1), "
+    "u AS (SELECT u.* FROM l, unnest(%(address)s::varchar[], %(vgpus)s::int[], %(mode)s::varchar[], "
+    "%(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb)), "
+    "f AS (SELECT x.short, min(CASE WHEN coalesce(o.free, x.free) > 0 THEN coalesce(u.region_mb, g.region_mb) - "
+    "coalesce(u.used_mb, g.used_mb) END) AS tightest_mb FROM fleet_capacity x JOIN fleet_gpus g ON g.host_id = "
+    "x.host_id AND g.address = x.gpu LEFT JOIN o ON o.gpu = x.gpu AND o.type_id = x.type_id LEFT JOIN u ON "
+    "u.address = x.gpu WHERE x.host_id = %(h)s GROUP BY x.short), "
+    "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + coalesce(d.open_gpus, 0), free = t.free + "
+    "coalesce(d.free, 0), used = t.used + coalesce(d.used, 0), max = t.max + coalesce(d.max, 0), tightest_mb = "
+    "f.tightest_mb FROM f LEFT JOIN d ON d.short = f.short WHERE t.host_id = %(h)s AND t.short = f.short AND "
+    "((d.short IS NOT NULL AND (d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0)) OR t.tightest_mb IS DISTINCT "
+    "FROM f.tightest_mb) RETURNING 1), "
     "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, region_mb = u.region_mb, used_mb = u.used_mb, "
-    "published_at = now(), room_at = now() FROM l, unnest(%(address)s::varchar[], %(vgpus)s::int[], "
-    "%(mode)s::varchar[], %(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb) "
-    "WHERE g.host_id = %(h)s AND g.address = u.address RETURNING 1) "
-    "UPDATE fleet_hosts SET heartbeat_at = now(), generation = generation + 1, "
-    + _KEEP_TYPES.format(t="fleet_hosts") + ", gpus = %(gpus)s, vgpus = %(total)s FROM l WHERE host_id = %(h)s")
-_PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT 1"  # the same without the host row
-# Then each type's tightest GPU afresh from the host's rows (a least value is not moved by deltas): a statement of
-# its own, whose snapshot, taken with the host's publish lock held, sees every publish of the host before it and
-# the change's own rows (one statement could read another process's rows as they were before the lock)
+    "published_at = now(), room_at = now() FROM u WHERE g.host_id = %(h)s AND g.address = u.address RETURNING 1) "
+    "UPDATE fleet_hosts SET heartbeat_at = now(), generation = fleet_hosts.generation + 1, "
+    + _KEEP_TYPES.format(t="fleet_hosts") + ", fit_generation = CASE WHEN fleet_hosts.fit_generation = "
+    "fleet_hosts.generation AND fleet_hosts.generation = sg.generation THEN fleet_hosts.generation + 1 END, "
+    "gpus = %(gpus)s, vgpus = %(total)s FROM l, sg WHERE host_id = %(h)s RETURNING fit_generation IS NOT NULL")
+# the same without the host row, after the host's lock was taken by a statement of its own (publish's full path):
+# this statement's snapshot is newer than the lock, so the best fit it takes is true
+_PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT true"
+# The best fit taken afresh, and marked true: after a change that found another publish committed meanwhile (or a
+# host whose best fit was not true), with the lock held, so its snapshot has every publish of the host
 _PG_FIT = (
-    f"UPDATE fleet_host_types t SET tightest_mb = x.tightest_mb FROM (SELECT c.short, {_TIGHTEST} AS tightest_mb "
-    "FROM fleet_capacity c JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu WHERE c.host_id = "
-    "%(h)s GROUP BY c.short) AS x WHERE t.host_id = %(h)s AND t.short = x.short AND t.tightest_mb IS DISTINCT FROM "
-    "x.tightest_mb")
+    f"WITH x AS (UPDATE fleet_host_types t SET tightest_mb = x.tightest_mb FROM (SELECT c.short, {_TIGHTEST} AS "
+    "tightest_mb FROM fleet_capacity c JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu WHERE "
+    "c.host_id = %(h)s GROUP BY c.short) AS x WHERE t.host_id = %(h)s AND t.short = x.short AND t.tightest_mb IS "
+    "DISTINCT FROM x.tightest_mb RETURNING 1) UPDATE fleet_hosts SET fit_generation = generation WHERE host_id = "
+    "%(h)s")
 _SQLITE_CHANGE = (
     "UPDATE fleet_capacity SET free = ?, used = ?, max = ? WHERE host_id = ? AND gpu = ? AND type_id = ? AND "
     "(free IS NOT ? OR used IS NOT ? OR max IS NOT ?)",
     "UPDATE fleet_gpus SET vgpus = ?, mode = ?, region_mb = ?, used_mb = ?, published_at = ?, room_at = ? "
     "WHERE host_id = ? AND address = ?",
     "UPDATE fleet_hosts SET heartbeat_at = ?, generation = generation + 1, " + _KEEP_TYPES.format(t="fleet_hosts")
-    + ", gpus = ?, vgpus = ? WHERE host_id = ?")
+    + ", " + _KEEP_FIT.format(t="fleet_hosts") + ", gpus = ?, vgpus = ? WHERE host_id = ?")
 
 _SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "host": _host_sql(True),
                        "change": _PG_CHANGE, "counts": _PG_COUNTS, "fit": _PG_FIT, "types": _types_sql(True)[0]},
@@ -213,7 +231,7 @@ def _server_prepared(name: str, sql: str) -> tuple[str, str, tuple[str, ...]]:
     return prepare, execute, tuple(order)
 
 
-_PREPARED = {name: _server_prepared(name, _SQL["postgresql"][name]) for name in ("change", "counts", "fit")}
+_PREPARED = {name: _server_prepared(name, _SQL["postgresql"][name]) for name in ("change", "counts")}
 
 
 def _sqlite_now() -> str:
@@ -227,8 +245,10 @@ def _run_sql(s: Session, sql: str, params: Any) -> None:
     _run(s, "", params, sql=sql)
 
 
-def _run(s: Session, name: str, params: Any, many: bool = False, sql: str | None = None) -> None:
-    """One of the statements above on the session's own connection (its transaction), at the driver."""
+def _run(s: Session, name: str, params: Any, many: bool = False, sql: str | None = None, fetch: bool = False
+         ) -> Any:
+    """One of the statements above on the session's own connection (its transaction), at the driver; with
+    `fetch`, its first row's first value (None: no row)."""
     from vgpumgr.db import prepared
 
     conn = s.connection()
@@ -248,12 +268,14 @@ def _run(s: Session, name: str, params: Any, many: bool = False, sql: str | None
             cursor.executemany(sql, params)
         else:
             cursor.execute(sql, params)
+        row = cursor.fetchone() if fetch else None
     except Exception as exc:
         conn._handle_dbapi_exception(exc, sql, params, cursor, None)  # SQLAlchemy's errors, as Connection.execute
         raise
     finally:
         cursor.close()
     prepared.executed += 1  # the benchmarks count statements run beside the engine's events
+    return None if row is None else row[0]
 
 
 @dataclass(frozen=True)
@@ -292,14 +314,14 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
     """A change of GPUs whose rows exist: their counts, and (`host`) the host's heartbeat (see _PG_CHANGE)."""
     types = [(g.address, t) for g in gpus for t in g.types]
     if _pg(s):
-        _run(s, "change" if host else "counts", {
+        if _run(s, "change" if host else "counts", {
             "h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
             "free": [t.free for _, t in types],
             "used": [t.used for _, t in types], "max": [t.max for _, t in types],
             "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
             "region_mb": [g.region_mb for g in gpus], "used_mb": [g.used_mb for g in gpus],
-            "gpus": gpu_count, "total": vgpus})
-        _run(s, "fit", {"h": host_id})
+            "gpus": gpu_count, "total": vgpus}, fetch=True) is False:
+            _run(s, "fit", {"h": host_id})  # another publish committed meanwhile: the best fit afresh
         return
     now = _sqlite_now()
     if types:
