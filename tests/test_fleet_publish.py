@@ -297,7 +297,6 @@ def test_a_change_that_waited_for_its_hosts_lock_reads_what_the_holder_wrote(
         tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The change statement's snapshot is older than the lock it waited for: a row the holder changed, which the
     change would leave alone by its old value, is still read at its newest and set right, with the summary."""
-    import threading
 
     from sqlalchemy import create_engine
 
@@ -315,12 +314,7 @@ def test_a_change_that_waited_for_its_hosts_lock_reads_what_the_holder_wrote(
                                 "AND short = 'T4-8Q'"), host)  # another publish's (wrong) view, with its summary
             holder.execute(text("UPDATE fleet_host_types SET free = free + 5, open_gpus = open_gpus + 1 "
                                 "WHERE host_id = :h AND short = 'T4-8Q'"), host)
-            change = threading.Thread(target=lambda: svc.allocate("T4-4Q", vm="web2"))
-            change.start()
-            _wait_for_the_lock(probe, host)
-            holder.commit()
-            change.join(30)
-        assert not change.is_alive()
+            _allocate_while_held(svc, holder, probe, host)
         assert _row(svc, T4, "T4-8Q") == (0, 0) and _row(svc, T4, "T4-4Q") == (2, 2)
         with svc.reads() as s:
             summary = s.execute(text("SELECT free, open_gpus FROM fleet_host_types WHERE host_id = :h "
@@ -341,7 +335,6 @@ def test_a_change_that_waited_for_its_hosts_lock_takes_the_best_fit_afresh(
     """Each type's tightest GPU is read from all the host's rows, the untouched ones unlocked: where another
     publish of the host committed while the change waited for the lock (another GPU filled up), the change sees
     its generation moved, and the best fit is taken afresh after it: true, and marked true."""
-    import threading
 
     from sqlalchemy import create_engine
 
@@ -362,12 +355,7 @@ def test_a_change_that_waited_for_its_hosts_lock_takes_the_best_fit_afresh(
                            {**host, "o": other})
             holder.execute(text("UPDATE fleet_hosts SET generation = generation + 1, types_generation = "
                                 "types_generation + 1, fit_generation = fit_generation + 1 WHERE host_id = :h"), host)
-            change = threading.Thread(target=lambda: svc.allocate("T4-4Q", vm="web2"))
-            change.start()
-            _wait_for_the_lock(probe, host)
-            holder.commit()
-            change.join(30)
-        assert not change.is_alive()
+            _allocate_while_held(svc, holder, probe, host)
         with svc.reads() as s:
             kept = dict(s.execute(text("SELECT short, tightest_mb FROM fleet_host_types WHERE host_id = :h"), host)
                         .all())
@@ -394,6 +382,19 @@ def test_a_lookup_between_changes_keeps_the_change_statement_prepared(
         runs = s.execute(text("SELECT generic_plans + custom_plans FROM pg_prepared_statements "
                               "WHERE statement LIKE 'WITH l AS%'")).scalar()
     assert runs == 6  # three allocations and three releases, on the one connection (before: 1 or 2)
+
+
+def _allocate_while_held(svc: Service, holder: Any, probe: Any, host: dict[str, Any]) -> None:
+    """A change of the host (a T4-4Q for VM web2) that waits for the publish lock `holder` holds, until `holder`
+    commits."""
+    import threading
+
+    change = threading.Thread(target=lambda: svc.allocate("T4-4Q", vm="web2"))
+    change.start()
+    _wait_for_the_lock(probe, host)
+    holder.commit()
+    change.join(30)
+    assert not change.is_alive()
 
 
 def _wait_for_the_lock(probe: Any, host: dict[str, Any]) -> None:
