@@ -368,6 +368,25 @@ def test_a_change_that_waited_for_its_hosts_lock_takes_the_best_fit_afresh(
         engine.dispose()
 
 
+def test_a_host_whose_best_fit_is_not_true_takes_it_afresh_at_its_next_change(
+        tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As after the upgrade to 0018 (which fills nothing in) or a publish of the previous release: the host's
+    next change writes every type's tightest GPU and marks it true."""
+    svc = _service(tmp_path, fresh_db_url, monkeypatch, "pub-h", scale=2)
+    svc.publish_fleet()
+    host = {"h": svc.host_id(None)}  # type: ignore[arg-type]
+    with svc.tx() as s:
+        s.execute(text("UPDATE fleet_host_types SET tightest_mb = NULL WHERE host_id = :h"), host)
+        s.execute(text("UPDATE fleet_hosts SET fit_generation = NULL WHERE host_id = :h"), host)
+    svc.allocate("T4-4Q", vm="web1")
+    with svc.reads() as s:
+        kept = dict(s.execute(text("SELECT short, tightest_mb FROM fleet_host_types WHERE host_id = :h"), host).all())
+        fresh = dict(s.execute(text(_TIGHTEST), host).all())
+        marks = s.execute(text("SELECT generation, fit_generation FROM fleet_hosts WHERE host_id = :h"), host).one()
+    assert kept == fresh and kept["T4-4Q"] == 16384 - 4096 and kept["T4-2Q"] == 16384
+    assert marks[0] == marks[1]
+
+
 def test_a_lookup_between_changes_keeps_the_change_statement_prepared(
         tmp_path: Path, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """psycopg 3 forgets every statement it prepared at a ROLLBACK: a lookup (`svc.reads()`, which a release

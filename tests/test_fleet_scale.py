@@ -130,6 +130,12 @@ def test_a_large_fleets_answer_is_the_one_reading_every_host_gives(tmp_path: Pat
     full, large = svc.fleet_place(FleetRequest("T4-4Q"), every_host=True), svc.fleet_place(FleetRequest("T4-4Q"))
     assert full.choice.host == last and full.choice.tightest_mb == 1024
     assert large.choice == full.choice and _names(large) == _names(full)
+    # more hosts behind than FIT_BEHIND_UP_TO (a rolling upgrade): `pack` by free instances alone, both ways alike
+    monkeypatch.setattr(fleet_ops, "FIT_BEHIND_UP_TO", 0)
+    full, large = svc.fleet_place(FleetRequest("T4-4Q"), every_host=True), svc.fleet_place(FleetRequest("T4-4Q"))
+    assert large.choice == full.choice and _names(large) == _names(full) and "best fit" not in full.choice.why
+    frees = [c.free for c in full.ranked]
+    assert frees == sorted(frees) and full.choice.host != last
     # the best host's window passes (its rows and summary untouched), then the next best is cordoned: neither is
     # chosen again, and the counts by reason follow (stale hosts are found by the time their window ends)
     req = FleetRequest("T4-2Q", strategy="spread")

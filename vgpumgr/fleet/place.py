@@ -120,9 +120,10 @@ class FleetDecision:
 
 
 def place(hosts: Sequence[HostRow], offers: Sequence[OfferGroup], request: FleetRequest,
-          migrating: Migrating | None = None) -> FleetDecision:
+          migrating: Migrating | None = None, best_fit: bool = True) -> FleetDecision:
     """Rank the hosts from their published rows (`offers`: one type's rows grouped per host and board). The
-    GPUs each ranked host would use are filled in by `with_gpus` from that host's own rows."""
+    GPUs each ranked host would use are filled in by `with_gpus` from that host's own rows. `best_fit` False:
+    `pack` by free instances alone (the previous release's order, while many hosts run it)."""
     by_host: dict[int, list[OfferGroup]] = {}
     for o in offers:
         by_host.setdefault(o.host_id, []).append(o)
@@ -131,7 +132,7 @@ def place(hosts: Sequence[HostRow], offers: Sequence[OfferGroup], request: Fleet
     rejected: list[HostRejection] = []
     boards: dict[str, frozenset[tuple[str, str]]] = {}
     for h in sorted(hosts, key=lambda h: h.name):
-        result = _evaluate(h, by_host.get(h.host_id, []), request, migrating, nvidia)
+        result = _evaluate(h, by_host.get(h.host_id, []), request, migrating, nvidia, best_fit)
         if isinstance(result, HostRejection):
             rejected.append(result)
         else:
@@ -161,8 +162,8 @@ def with_gpus(d: FleetDecision, rows: Sequence[GpuOffer], host_names: dict[int, 
     return replace(d, choice=ranked[0] if ranked else None, ranked=ranked)
 
 
-def _evaluate(h: HostRow, offers: list[OfferGroup], req: FleetRequest, migrating: Migrating | None, nvidia: bool
-              ) -> HostRejection | tuple[tuple[Any, ...], HostChoice, frozenset[tuple[str, str]]]:
+def _evaluate(h: HostRow, offers: list[OfferGroup], req: FleetRequest, migrating: Migrating | None, nvidia: bool,
+              best_fit: bool = True) -> HostRejection | tuple[tuple[Any, ...], HostChoice, frozenset[tuple[str, str]]]:
     def no(code: str, reason: str) -> HostRejection:
         return HostRejection(h.name, code, reason)
 
@@ -193,11 +194,11 @@ def _evaluate(h: HostRow, offers: list[OfferGroup], req: FleetRequest, migrating
         return no(NO_CAPACITY, f"no capacity: {free} free on {open_gpus} GPU(s), {need} needed")
     tightest = min((o.tightest_mb for o in allowed if o.tightest_mb is not None), default=None)
     why = f"{req.strategy}: {free} free {req.type} on {open_gpus} GPU(s)"
-    if req.strategy == "pack" and tightest is not None:
+    if req.strategy == "pack" and best_fit and tightest is not None:
         why += f", best fit: {tightest} MB left"
     if migrating:
         why += f"; same board and vGPU manager as VM {migrating.vm}'s"
-    key = (_room(tightest), free, h.name) if req.strategy == "pack" else (-free, h.name)
+    key = ((_room(tightest) if best_fit else 0, free, h.name) if req.strategy == "pack" else (-free, h.name))
     usable = frozenset((o.model, o.device_id) for o in allowed)
     return key, HostChoice(h.name, h.endpoint, h.migration_uri, (), free, open_gpus, why, tightest), usable
 

@@ -89,14 +89,15 @@ def counts(s: Session, short: str, count: int, nvidia: bool) -> Counts:
 
 
 def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, offset: int, limit: int,
-               board: str | None = None, driver: str | None = None) -> list[int]:
+               board: str | None = None, driver: str | None = None, best_fit: bool = True) -> list[int]:
     """Hosts with one board offering the type, fresh, not cordoned, with room for `count`, in the placer's order
     (`pack`: the least framebuffer left on a GPU with a free instance, then fewest free; `spread`: most free),
     `limit` of them from `offset`; `board` and `driver` (a migrating
     VM's) leave out hosts NVIDIA's rules refuse anyway. A host whose summary is behind its generation may be
     among them: the caller reads it from its own rows (`irregular`) and skips it here. (Asking for summarized
     hosts here made the planner, which cannot estimate `types_generation = generation`, join every host.)"""
-    order = "t.tightest_mb NULLS LAST, t.free, t.host" if strategy == "pack" else "(-t.free), t.host"
+    order = ("(-t.free), t.host" if strategy != "pack" else "t.tightest_mb NULLS LAST, t.free, t.host" if best_fit
+             else "t.free, t.host")
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
     where = [f"t.short = :short AND t.free > 0 AND t.boards = 1 AND {room}", _FRESH[_dialect(s)], _UNCORDONED]
     params: dict[str, Any] = {"short": short, "count": count}  # LIMIT and OFFSET written in: compaction.full_gpus
@@ -114,16 +115,24 @@ def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, 
     return [r[0] for r in s.execute(sql, params)]
 
 
-def irregular(s: Session, short: str) -> list[int]:
-    """Hosts read from their own rows whatever their rank: two boards offering the type, or a summary (or its
-    tightest GPUs) not true for the host's generation (both rare: partial indexes find them, the second empty once
-    every host runs this release)."""
+def irregular(s: Session, short: str, best_fit: bool = True) -> list[int]:
+    """Hosts read from their own rows whatever their rank: two boards offering the type, or a summary (or, with
+    `best_fit`, its tightest GPUs) not true for the host's generation (both rare: partial indexes find them, the
+    second empty once every host runs this release)."""
+    fit = (" UNION SELECT host_id FROM fleet_hosts h WHERE h.fit_generation IS NULL OR h.fit_generation <> "
+           "h.generation") if best_fit else ""
     sql = text("SELECT host_id FROM fleet_host_types WHERE short = :short AND boards > 1 "
                "UNION SELECT host_id FROM fleet_hosts h WHERE h.types_generation IS NULL "
-               "OR h.types_generation <> h.generation "
-               "UNION SELECT host_id FROM fleet_hosts h WHERE h.fit_generation IS NULL "
-               "OR h.fit_generation <> h.generation")
+               "OR h.types_generation <> h.generation" + fit)
     return [r[0] for r in s.execute(sql, {"short": short})]
+
+
+def fit_behind(s: Session, up_to: int) -> int:
+    """Hosts whose tightest GPUs are not true for their generation (they run the previous release, or have not
+    published since the upgrade), counted no further than `up_to` + 1 through their partial index."""
+    sql = text("SELECT count(*) FROM (SELECT 1 FROM fleet_hosts h WHERE h.fit_generation IS NULL "
+               "OR h.fit_generation <> h.generation LIMIT :n) AS x")
+    return int(s.execute(sql, {"n": up_to + 1}).scalar() or 0)
 
 
 # -- the fleet page ----------------------------------------------------------------------------------------

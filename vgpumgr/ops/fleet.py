@@ -21,6 +21,9 @@ HEARTBEAT_LOCK_WAIT_S = 5.0
 SHOW_GPUS_OF = 5  # ranked hosts whose GPUs a decision names (all a large fleet's decision ranks)
 EVERY_HOST_UP_TO = 200  # a fleet this small gets a line per host in every decision
 FIRST_BATCH = 16  # hosts of a large fleet read at first; twice as many each further round
+# `pack` by best fit while at most this many hosts' tightest GPUs are behind (each is read from its own rows);
+# more (a rolling upgrade, the hour after one) and `pack` keeps the previous order, free instances alone
+FIT_BEHIND_UP_TO = 100
 FRAGMENTED_GPUS = 64  # GPUs with the type's GB free a large fleet's fragmentation hint reads, the most room first
 NVIDIA = "10de"
 
@@ -155,14 +158,15 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
         if not total:
             raise NotFound("no host has published its capacity yet",
                            hint="hosts publish while `vgpumgr serve` runs there with VGPUMGR_DB naming this database")
+        best_fit = request.strategy != "pack" or ranked.fit_behind(s, FIT_BEHIND_UP_TO) <= FIT_BEHIND_UP_TO
         if every_host or total <= EVERY_HOST_UP_TO:
             rows = store.hosts(s)
             migrating = _migrating(s, request) if request.vm else None
-            d = fleet_place.place(rows, store.offer_groups(s, request.type), request, migrating)
+            d = fleet_place.place(rows, store.offer_groups(s, request.type), request, migrating, best_fit)
             full = [(h.host_id, h.name) for h in rows if h.name in
                     {r.host for r in d.rejected if r.code == fleet_place.NO_CAPACITY}]
         else:
-            d, rows = _place_ranked(s, request)
+            d, rows = _place_ranked(s, request, best_fit)
             full = None
         first = {h.name: h.host_id for h in rows if any(c.host == h.name for c in d.ranked[:SHOW_GPUS_OF])}
         gpus = store.open_gpus(s, request.type, list(first.values()))
@@ -179,7 +183,7 @@ def place(svc: Context, request: fleet_place.FleetRequest, *, every_host: bool =
     return fleet_place.with_gpus(d, gpus, {v: k for k, v in first.items()})
 
 
-def _place_ranked(s: Any, request: fleet_place.FleetRequest
+def _place_ranked(s: Any, request: fleet_place.FleetRequest, best_fit: bool
                   ) -> tuple[fleet_place.FleetDecision, list[store.HostRow]]:
     """A large fleet: the hosts walked in the placer's order until SHOW_GPUS_OF of them fit (and the irregular
     ones), ranked by the pure placer exactly as over every host; the rest counted."""
@@ -192,20 +196,21 @@ def _place_ranked(s: Any, request: fleet_place.FleetRequest
     if migrating and migrating.vgpus:
         v = migrating.vgpus[0]
         board, driver = v.device_id, v.host_driver
-    rows = store.hosts(s, ranked.irregular(s, short))
+    rows = store.hosts(s, ranked.irregular(s, short, best_fit))
     groups = store.offer_groups(s, request.type, [h.host_id for h in rows])
     offset, limit, fits = 0, FIRST_BATCH, 0
     while fits < SHOW_GPUS_OF:
-        ids_ = ranked.candidates(s, short, request.count, nvidia, request.strategy, offset, limit, board, driver)
+        ids_ = ranked.candidates(s, short, request.count, nvidia, request.strategy, offset, limit, board, driver,
+                                 best_fit)
         batch = store.hosts(s, [i for i in ids_ if all(h.host_id != i for h in rows)])
         mine = store.offer_groups(s, request.type, [h.host_id for h in batch])
-        fits += len(fleet_place.place(batch, mine, request, migrating).ranked)
+        fits += len(fleet_place.place(batch, mine, request, migrating, best_fit).ranked)
         rows += batch
         groups += mine
         if len(ids_) < limit:
             break
         offset, limit = offset + limit, limit * 2
-    d = fleet_place.place(rows, groups, request, migrating)
+    d = fleet_place.place(rows, groups, request, migrating, best_fit)
     c = ranked.counts(s, short, request.count, nvidia)
     counted = {fleet_place.STALE: c.stale, fleet_place.CORDONED: c.cordoned,
                fleet_place.NOT_OFFERED: c.not_offered, fleet_place.NO_CAPACITY: c.no_capacity}
