@@ -10,7 +10,7 @@ slot are told apart there, not here).
 NVIDIA gives a VM at most one vGPU of a physical GPU, so `count` vGPUs of an NVIDIA type need `count` GPUs with
 a free instance on one host; other types need `count` free instances. `pack` fills GPUs up by best fit: the
 host whose fullest GPU with a free instance of the type has the least framebuffer left (in mixed-size traces of
-scripts/bench_fleet_density.py it accepted 4 % more VMs than the fewest free instances, that rule's tie-break);
+scripts/bench_fleet_density.py it accepted 4-6.5 % more VMs than the fewest free instances, its tie-break);
 `spread` prefers the host with the most free instances; then the host name.
 """
 

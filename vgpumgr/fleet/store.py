@@ -93,15 +93,16 @@ class OfferGroup(NamedTuple):
     tightest_mb: int | None = None  # of them with a free instance, the least framebuffer left (None: not known)
 
 
-# a GPU's room where this release wrote it with the GPU's rows (a previous release's publish leaves it behind)
-_ROOM = "CASE WHEN g.room_at = g.published_at THEN g.region_mb - g.used_mb END"
+# a GPU's room (fleet_gpus g) where this release wrote it with the GPU's rows (a previous release's publish leaves
+# it behind): read here, and summed into each host's best fit by vgpumgr.fleet.writes
+ROOM = "CASE WHEN g.room_at = g.published_at THEN g.region_mb - g.used_mb END"
 
 
 def offer_groups(s: Session, wanted: str, host_ids: Sequence[int] | None = None) -> list[OfferGroup]:
     where = "" if host_ids is None else " AND c.host_id IN :ids"
     sql = text("SELECT c.host_id, c.model, c.device_id, min(c.name), count(*), "
                "sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), sum(c.free), sum(c.used), "
-               f"min(CASE WHEN c.free > 0 THEN {_ROOM} END) FROM fleet_capacity c JOIN fleet_gpus g "
+               f"min(CASE WHEN c.free > 0 THEN {ROOM} END) FROM fleet_capacity c JOIN fleet_gpus g "
                f"ON g.host_id = c.host_id AND g.address = c.gpu WHERE c.short = :short{where} "
                "GROUP BY c.host_id, c.model, c.device_id")
     params: dict[str, Any] = {"short": type_match(wanted)}
@@ -127,7 +128,7 @@ def open_gpus(s: Session, wanted: str, host_ids: Sequence[int]) -> list[GpuOffer
     """The GPUs of `host_ids` with a free instance of the type (where a choice's vGPUs would go)."""
     if not host_ids:
         return []
-    sql = text(f"SELECT c.host_id, c.gpu, c.model, c.device_id, c.name, c.free, {_ROOM} FROM fleet_capacity c "
+    sql = text(f"SELECT c.host_id, c.gpu, c.model, c.device_id, c.name, c.free, {ROOM} FROM fleet_capacity c "
                "JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu WHERE c.short = :short "
                "AND c.free > 0 AND c.host_id IN :ids").bindparams(bindparam("ids", expanding=True))
     return [GpuOffer(*r) for r in s.execute(sql, {"short": type_match(wanted), "ids": list(host_ids)})]

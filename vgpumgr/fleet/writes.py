@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from vgpumgr.db.models import FleetCapacity, FleetGpu, FleetHost, utcnow
 from vgpumgr.fleet.capacity import GpuCapacity
+from vgpumgr.fleet.store import ROOM
 
 
 def _pg(s: Session) -> bool:
@@ -109,8 +110,7 @@ _KEEP_FIT = "fit_generation = CASE WHEN {t}.fit_generation = {t}.generation THEN
 
 # A host's summary per type from its own rows (fleet.store.HostType)
 # (after the rows themselves were written); `tightest_mb`: of the GPUs with a free instance, the least room
-# (a GPU's room only where this release wrote it with the GPU's rows, as vgpumgr.fleet.store reads it)
-_TIGHTEST = "min(CASE WHEN c.free > 0 AND g.room_at = g.published_at THEN g.region_mb - g.used_mb END)"
+_TIGHTEST = f"min(CASE WHEN c.free > 0 THEN {ROOM} END)"
 _SUMMARY_SELECT = (
     "SELECT c.short, min(n.name), min(c.name), min(c.model), min(c.device_id), min(c.framebuffer_mb), "
     "count(DISTINCT c.model || '/' || c.device_id), count(*), sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), "
@@ -173,7 +173,7 @@ _PG_CHANGE = (
     "u AS (SELECT u.* FROM l, unnest(%(address)s::varchar[], %(vgpus)s::int[], %(mode)s::varchar[], "
     "%(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb)), "
     "f AS (SELECT x.short, min(CASE WHEN coalesce(o.free, x.free) <= 0 THEN NULL WHEN u.address IS NOT NULL THEN "
-    "u.region_mb - u.used_mb WHEN g.room_at = g.published_at THEN g.region_mb - g.used_mb END) AS tightest_mb "
+    f"u.region_mb - u.used_mb ELSE {ROOM} END) AS tightest_mb "
     "FROM fleet_capacity x JOIN fleet_gpus g ON g.host_id = "
     "x.host_id AND g.address = x.gpu LEFT JOIN o ON o.gpu = x.gpu AND o.type_id = x.type_id LEFT JOIN u ON "
     "u.address = x.gpu WHERE x.host_id = %(h)s GROUP BY x.short), "
