@@ -151,9 +151,11 @@ _PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
 # locked first (READ COMMITTED then reads its newest version), and only then compared with the new values.
 # The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
 # touched GPUs' rows are locked, not every row of the host's touched types.
-# Each type's tightest GPU (a least value, which deltas cannot move) is taken afresh from all the host's rows, the
-# touched ones at their new values; the others are read unlocked, as the statement's snapshot has them, which is
-# their newest unless another publish of the host committed while this one waited for the lock. The host row,
+# Each type's tightest GPU (a least value, which deltas cannot move) is taken afresh from all the host's GPUs: the
+# touched ones from the change itself (it carries every type row of each, as write_counts is only called for GPUs
+# whose type rows this process wrote; not re-reading their rows, which every change rewrites, saved ~0.3 ms), the
+# others read unlocked, as the statement's snapshot has them, which is their newest unless another publish of the
+# host committed while this one waited for the lock. The host row,
 # updated last, tells: its generation as the snapshot has it against the newest (the UPDATE's own row); where
 # they differ the best fit is marked not true (fit_generation NULL) and the caller takes it afresh (_PG_FIT).
 _PG_CHANGE = (
@@ -172,11 +174,10 @@ _PG_CHANGE = (
     "sum(coalesce(max, 0) - coalesce(was_max, 0)) AS max FROM m GROUP BY short), "
     "u AS (SELECT u.* FROM l, unnest(%(address)s::varchar[], %(vgpus)s::int[], %(mode)s::varchar[], "
     "%(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb)), "
-    "f AS (SELECT x.short, min(CASE WHEN coalesce(o.free, x.free) <= 0 THEN NULL WHEN u.address IS NOT NULL THEN "
-    f"u.region_mb - u.used_mb ELSE {ROOM} END) AS tightest_mb "
-    "FROM fleet_capacity x JOIN fleet_gpus g ON g.host_id = "
-    "x.host_id AND g.address = x.gpu LEFT JOIN o ON o.gpu = x.gpu AND o.type_id = x.type_id LEFT JOIN u ON "
-    "u.address = x.gpu WHERE x.host_id = %(h)s GROUP BY x.short), "
+    "f AS (SELECT a.short, min(a.room) FILTER (WHERE a.free > 0) AS tightest_mb FROM (SELECT x.short, x.free, "
+    f"{ROOM} AS room FROM fleet_gpus g JOIN fleet_capacity x ON x.host_id = g.host_id AND x.gpu = g.address WHERE "
+    "g.host_id = %(h)s AND NOT g.address = ANY(%(address)s::varchar[]) UNION ALL SELECT o.short, o.free, "
+    "u.region_mb - u.used_mb FROM o JOIN u ON u.address = o.gpu) AS a GROUP BY a.short), "
     "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + coalesce(d.open_gpus, 0), free = t.free + "
     "coalesce(d.free, 0), used = t.used + coalesce(d.used, 0), max = t.max + coalesce(d.max, 0), tightest_mb = "
     "f.tightest_mb FROM f LEFT JOIN d ON d.short = f.short WHERE t.host_id = %(h)s AND t.short = f.short AND "
@@ -317,11 +318,12 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
     types = [(g.address, t) for g in gpus for t in g.types]
     if _pg(s):
         if _run(s, "change" if host else "counts", {
-            "h": host_id, "gpu": [a for a, _ in types], "type_id": [t.type for _, t in types],
-            "free": [t.free for _, t in types],
-            "used": [t.used for _, t in types], "max": [t.max for _, t in types],
-            "address": [g.address for g in gpus], "vgpus": [g.vgpus for g in gpus], "mode": [g.mode for g in gpus],
-            "region_mb": [g.region_mb for g in gpus], "used_mb": [g.used_mb for g in gpus],
+            "h": host_id, "gpu": _texts(a for a, _ in types), "type_id": _texts(t.type for _, t in types),
+            "free": _ints(t.free for _, t in types),
+            "used": _ints(t.used for _, t in types), "max": _ints(t.max for _, t in types),
+            "address": _texts(g.address for g in gpus), "vgpus": _ints(g.vgpus for g in gpus),
+            "mode": _texts(g.mode for g in gpus),
+            "region_mb": _ints(g.region_mb for g in gpus), "used_mb": _ints(g.used_mb for g in gpus),
             "gpus": gpu_count, "total": vgpus}, fetch=True) is False:
             _run(s, "fit", {"h": host_id})  # another publish committed meanwhile: the best fit afresh
         return
@@ -336,6 +338,17 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
         refresh_types(s, host_id)
     if host:
         _run(s, "change-host", (now, gpu_count, vgpus, host_id))
+
+
+# The change's arrays as PostgreSQL array literals (cast in the statement): the driver adapting 13 lists element by
+# element took ~0.2 ms of each change here, a string none
+def _ints(values: Iterable[int | None]) -> str:
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+
+
+def _texts(values: Iterable[str | None]) -> str:
+    return "{" + ",".join("NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for v in values) + "}"
 
 
 def beat(s: Session, host_id: int) -> int:
