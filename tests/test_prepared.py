@@ -110,3 +110,18 @@ def test_a_failing_prepared_write_raises_what_sqlalchemy_would(db_url: str) -> N
         with pytest.raises(IntegrityError):
             store._RESERVE[conn.dialect.name].execute(conn, values)
         conn.rollback()
+
+
+def test_array_literals_reach_postgresql_as_the_values_they_were(pg_server: Any) -> None:
+    """The fleet change's arrays go as literals: any text (quotes, backslashes, braces, commas, the word NULL) and
+    NULL come back as they were, through both of the drivers a fleet URL may name."""
+    from vgpumgr.db.prepared import pg_ints, pg_texts
+
+    texts = ['a"b', "c\\d", None, "NULL", "", "{x,y}", " spaced ", "0000:41:00.0", "nvidia-222", "é\u2603"]
+    ints = [0, None, -3, 2**31 - 1]
+    url = pg_server.create_database()  # type: ignore[attr-defined]
+    for driver_url in (url, url.replace("postgresql://", "postgresql+psycopg2://")):
+        with get_engine(driver_url).connect() as conn:
+            got = conn.execute(text("SELECT CAST(:t AS varchar[]), CAST(:i AS int[]), CAST(:e AS int[])"),
+                               {"t": pg_texts(texts), "i": pg_ints(ints), "e": pg_ints([])}).one()
+        assert (got[0], got[1], got[2]) == (texts, ints, [])

@@ -13,7 +13,7 @@ SQLAlchemy, which converts their result rows.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,3 +70,14 @@ class Prepared:
             plan = _Plan(compiled.string, positional, dict(compiled._bind_processors), constants)
             self._plans[dialect.name] = plan
             return plan
+
+
+# Arrays for a statement run at the driver, as PostgreSQL array literals (the statement casts them): psycopg adapting
+# a list element by element took ~0.2 ms of each fleet change's 13 arrays, a string next to none
+def pg_ints(values: Iterable[int | None]) -> str:
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+
+
+def pg_texts(values: Iterable[str | None]) -> str:
+    return "{" + ",".join("NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for v in values) + "}"
