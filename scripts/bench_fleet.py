@@ -10,8 +10,9 @@ in SQL, `clone`): each is one of three real simulated boards (8 x T4 on mdev,
 board's simulated host and then filled to a random level per GPU by the equal-size rule; 1 % are cordoned and
 2 % stale (their window is a day: the others stay fresh for the whole run, the stale ones beat two days ago).
 While the figures are taken a second process keeps publishing changes of random simulated hosts (`--churn`,
-default 20 per second, a heartbeat every 30 s from 1,000 hosts is 33 per second), and the four real
-services (`python -m api.server`, tests/fleethosts.py) beat every 2 s.
+default 20 per second, a heartbeat every 30 s from 1,000 hosts is 33 per second; each change's statement is
+timed and printed beside the host's publishing), and the four real services (`python -m api.server`,
+tests/fleethosts.py) beat every 2 s.
 
 - place: `Service.fleet_place` (the reads and the pure placer, what `vgpumgr fleet place` and
   GET /v1/fleet/place run), over random types and both policies; and the same through one service's REST socket.
@@ -175,9 +176,10 @@ def clone(url: str, start: int, stop: int) -> None:
     engine.dispose()
 
 
-def churn(url: str, hosts: int, rate: float, boards: str) -> None:
+def churn(url: str, hosts: int, rate: float, boards: str, log: str | None = None) -> None:
     """`--churn`: publish a change of a random simulated host `rate` times a second until killed (`boards`: the
-    parent's board templates, pickled)."""
+    parent's board templates, pickled); with `log`, each change's statement time appended to it as a line
+    `MONOTONIC MS` (the parent reads the changes made while it measured: `fleet_changes`)."""
     import pickle
 
     from vgpumgr.db.session import session_factory
@@ -189,6 +191,7 @@ def churn(url: str, hosts: int, rate: float, boards: str) -> None:
     from vgpumgr.db import store as db_store
     from vgpumgr.fleet import writes
 
+    out = open(log, "a", buffering=1) if log else None  # noqa: SIM115 - open until the process is killed
     while True:
         t0 = time.monotonic()
         i = rng.randrange(hosts)
@@ -196,8 +199,29 @@ def churn(url: str, hosts: int, rate: float, boards: str) -> None:
             gpu = occupy(rng.choice(tpl[names[i % len(names)]]), rng)
             with sessions.begin() as s:
                 host_id = db_store.upsert_host(s, f"sim-{i:05d}").id
+                t = time.perf_counter()
                 writes.write_counts(s, host_id, [gpu], 8, gpu.vgpus)
+                spent = (time.perf_counter() - t) * 1000
+            if out:
+                out.write(f"{time.monotonic():.6f} {spent:.4f}\n")
         time.sleep(max(0.0, 1 / rate - (time.monotonic() - t0)))
+
+
+def fleet_changes(log: Path, since: float) -> dict[str, Any] | None:
+    """The churn's changes logged since `since` (time.monotonic, one clock for every process on the machine)."""
+    try:
+        lines = log.read_text().splitlines()
+    except OSError:
+        return None
+    spent = []
+    for line in lines:
+        try:
+            at, ms = (float(x) for x in line.split(" "))
+        except ValueError:  # the last line, half-written when the churn was killed
+            continue
+        if at >= since:
+            spent.append(ms)
+    return {**quantiles(spent), "mean": statistics.fmean(spent)} if spent else None
 
 
 NO_ROOM_TYPE = "A100D-40C"  # offered by every A100 host, none with room (they are in MIG mode): `place` then
@@ -449,14 +473,18 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
             if churner is not None:
                 churner.terminate()
                 churner.wait()
+            churn_log = tmp / f"churn-{n}.log"
             churner = subprocess.Popen([sys.executable, __file__, "--churn", url, "--churn-hosts", str(n),
-                                        "--churn-rate", str(churn_rate), "--churn-boards", str(boards)],
+                                        "--churn-rate", str(churn_rate), "--churn-boards", str(boards),
+                                        "--churn-log", str(churn_log)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
+            measured_from = time.monotonic()
             if only == "publish":
                 row = {"hosts": n + services + 1, "simulated_hosts": n, "real_services": services,
                        "load_average": os.getloadavg(), **host_path(host_on, host_off, pairs)}
                 row["load_average_after"] = os.getloadavg()
+                row["fleet_changes_ms"] = fleet_changes(churn_log, measured_from)
                 results.append(row)
                 print(f"  {n} simulated hosts: publish mean {row['publish_mean_ms']:.2f} ms, p99 "
                       f"{row['publish_ms']['p99']:.2f} ms", file=sys.stderr)
@@ -525,6 +553,7 @@ def run(scales: list[int], queries: int, pairs: int, churn_rate: float, services
                 row["gpu_rows"] = s.execute(text("SELECT count(*) FROM fleet_gpus")).scalar()
                 row["capacity_rows"] = s.execute(text("SELECT count(*) FROM fleet_capacity")).scalar()
             row.update(host_path(host_on, host_off, pairs))
+            row["fleet_changes_ms"] = fleet_changes(churn_log, measured_from)
             results.append(row)
             print(f"  {n} simulated hosts: place p99 {row['place_ms']['p99']:.1f} ms, capacity p99 "
                   f"{row['capacity_ms']['p99']:.1f} ms, publish mean {row['publish_mean_ms']:.2f} ms",
@@ -557,9 +586,10 @@ def main() -> int:
     ap.add_argument("--churn", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--churn-hosts", type=int, default=10, help=argparse.SUPPRESS)
     ap.add_argument("--churn-boards", help=argparse.SUPPRESS)
+    ap.add_argument("--churn-log", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.churn:
-        churn(a.churn, a.churn_hosts, a.churn_rate, a.churn_boards)
+        churn(a.churn, a.churn_hosts, a.churn_rate, a.churn_boards, a.churn_log)
         return 0
     if a.report:  # the tables again from a run's --json
         report(json.loads(Path(a.report).read_text()))
@@ -618,6 +648,8 @@ def report(r: dict[str, Any]) -> None:
         print(_floor(last))
     if "publish_held_ms" in last:
         print(_held(last))
+    if last.get("fleet_changes_ms"):
+        print(_fleet_changes(last))
     if "rest_place_metric" in last:
         print(_metrics(last))
     hosts = last["hosts"] / first["hosts"]
@@ -644,6 +676,8 @@ def report_publish(r: dict[str, Any]) -> None:
         print(_floor(last))
     if "publish_held_ms" in last:
         print(_held(last))
+    if last.get("fleet_changes_ms"):
+        print(_fleet_changes(last))
     if "publish_metric" in last:
         m = last["publish_metric"]
         print(f"the service's /metrics histogram (vgpumgr_fleet_publish_seconds, kind=change): p99 {m['p99']:.2f} ms "
@@ -661,6 +695,13 @@ def _held(s: dict[str, Any]) -> str:
                  f"removes): mean {s['publish_udev_mean_ms']:.2f} ms, p50 {u['p50']:.2f} ms, p99 {u['p99']:.2f} ms "
                  f"over {u['n']}")
     return line
+
+
+def _fleet_changes(s: dict[str, Any]) -> str:
+    c = s["fleet_changes_ms"]
+    return (f"the fleet's own changes meanwhile (the churn: one GPU of a random simulated host refilled, its change "
+            f"statement alone, no capacity computed; not the target's measure): mean {c['mean']:.2f} ms, p50 "
+            f"{c['p50']:.2f} ms, p99 {c['p99']:.2f} ms over {c['n']}")
 
 
 def _metrics(s: dict[str, Any]) -> str:

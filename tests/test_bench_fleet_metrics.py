@@ -47,3 +47,14 @@ def test_between_two_scrapes_only_what_came_in_between_counts() -> None:
     got = bench.p99_between(before, after, "x_seconds")
     assert got["n"] == 10 and abs(got["p99"] - (20 + 30 * 9.9 / 10)) < 1e-6  # all ten in (20, 50]
     assert bench.p99_between(before, after, "x_seconds", result="error")["n"] == 0
+
+
+def test_the_fleets_own_changes_are_read_from_the_churns_log_within_the_window(tmp_path: Path) -> None:
+    log = tmp_path / "churn.log"
+    assert bench.fleet_changes(log, 0.0) is None  # no log (the churn never ran)
+    # before the window, inside it, and a line the killed churn left half-written
+    log.write_text("10.0 9.0\n20.5 1.0\n21.0 3.0\n22.0 2.0\n23.0 ")
+    got = bench.fleet_changes(log, 20.0)
+    assert got is not None
+    assert (got["n"], got["p50"], got["max"], got["mean"]) == (3, 2.0, 3.0, 2.0)
+    assert bench.fleet_changes(log, 30.0) is None
