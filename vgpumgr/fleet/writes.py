@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import delete, func, tuple_, update
 from sqlalchemy.orm import Session
 
+from vgpumgr.db import prepared
 from vgpumgr.db.models import FleetCapacity, FleetGpu, FleetHost, utcnow
 from vgpumgr.db.prepared import pg_ints, pg_texts
 from vgpumgr.fleet.capacity import GpuCapacity
@@ -156,9 +157,9 @@ _PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
 # touched ones from the change itself (it carries every type row of each, as write_counts is only called for GPUs
 # whose type rows this process wrote; not re-reading their rows, which every change rewrites, saved ~0.3 ms), the
 # others read unlocked, as the statement's snapshot has them, which is their newest unless another publish of the
-# host committed while this one waited for the lock. The host row,
-# updated last, tells: its generation as the snapshot has it against the newest (the UPDATE's own row); where
-# they differ the best fit is marked not true (fit_generation NULL) and the caller takes it afresh (_PG_FIT).
+# host committed while this one waited for the lock. The host row, updated last, tells: its generation as the
+# snapshot has it against the newest (the UPDATE's own row); where they differ the best fit is marked not true
+# (fit_generation NULL) and the caller takes it afresh (_PG_FIT).
 _PG_CHANGE = (
     f"WITH l AS MATERIALIZED ({_PUBLISH_LOCK}), "
     "sg AS MATERIALIZED (SELECT generation FROM fleet_hosts WHERE host_id = %(h)s), "
@@ -253,8 +254,6 @@ def _run(s: Session, name: str, params: Any, many: bool = False, sql: str | None
          ) -> Any:
     """One of the statements above on the session's own connection (its transaction), at the driver; with
     `fetch`, its first row's first value (None: no row)."""
-    from vgpumgr.db import prepared
-
     conn = s.connection()
     sql = sql or _SQL[conn.dialect.name][name]
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
