@@ -22,7 +22,9 @@ def pg_server() -> Iterator[object]:
         pytest.skip(f"PostgreSQL unavailable: {exc}")
     yield server
     from vgpumgr.db.session import dispose_engines
+    from vgpumgr.fleet import follow
 
+    follow.settle_all()  # the summaries the run's services left to their followers, while the server runs
     dispose_engines()
     server.stop()
 

@@ -36,6 +36,10 @@ def _service(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch, name: st
 
 
 def _summaries(svc: Service) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]], list[tuple[int, int]]]:
+    """Every host's summary summed from its rows, the summaries kept, and the hosts' marks, once this host's
+    summary is summed after its changes (vgpumgr.fleet.follow)."""
+    if svc.fleet.follower is not None:
+        svc.fleet.follower.settle()
     with svc.reads() as s:
         summed = {tuple(int(x) if isinstance(x, int) else x for x in r) for r in s.execute(text(SUMMARY))}
         kept = {tuple(r) for r in s.execute(text(KEPT))}

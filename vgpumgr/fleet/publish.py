@@ -35,6 +35,7 @@ from vgpumgr.db.schema import code_version
 from vgpumgr.errors import InvalidInput
 from vgpumgr.fleet import writes
 from vgpumgr.fleet.capacity import GpuCapacity, host_capacity
+from vgpumgr.fleet.follow import Follower
 from vgpumgr.ops.records import placed
 
 log = logging.getLogger("vgpumgr.fleet")
@@ -79,6 +80,8 @@ class Publisher:
         self.last_ms = 0.0  # how long the last publish took (computing and writing)
         # told each publish's seconds and kind (change, heartbeat, full): `serve`'s /metrics histogram
         self.observe: Callable[[float, str], None] | None = None
+        # sums the host's summary afresh after each change commits (PostgreSQL: a change leaves it behind)
+        self.follower = Follower(ctx.cfg.db_url) if ctx.cfg.db_url.startswith("postgresql") else None
 
     # -- marks (cheap; under the Context's own locks or none) --------------------------------------
     def mark(self, gpu: str | None) -> None:
@@ -139,10 +142,12 @@ class Publisher:
                 writes.prune_gpus(s, host_id, [g.address for g in caps])
             if counts_only:
                 writes.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
-            writes.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus)
-        else:  # the usual change: GPUs this process published before, one statement on PostgreSQL that takes the
-            # host's lock first (one round trip)
-            writes.write_counts(s, host_id, counts_only, gpu_count, vgpus)
+            if not writes.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus):
+                writes.refresh_types(s, host_id)  # a change left it behind, and no GPU's rows were written
+        elif writes.write_counts(s, host_id, counts_only, gpu_count, vgpus) and self.follower is not None:
+            # the usual change: GPUs this process published before, one statement on PostgreSQL that takes the
+            # host's lock first (one round trip); the host's summary is summed after the commit
+            s.info.setdefault(_ON_COMMIT, []).append(lambda: self.follower.due(host_id))  # type: ignore[union-attr]
         spent = time.perf_counter() - started
         self.last_ms = spent * 1000
         if self.observe is not None:
@@ -180,13 +185,16 @@ class Publisher:
         return self._driver
 
 
-# What a transaction's rollback must undo in this process's memory of what it wrote: kept on the session, run by
-# one listener on every session (a listener added per change cost ~0.1 ms of the change's publishing)
+# What a transaction's rollback must undo in this process's memory of what it wrote, and what its commit sets
+# going: kept on the session, run by one listener on every session (a listener added per change cost ~0.1 ms of
+# the change's publishing)
 _ON_ROLLBACK = "vgpumgr.fleet.on_rollback"
+_ON_COMMIT = "vgpumgr.fleet.on_commit"
 
 
 @event.listens_for(Session, "after_rollback")
 def _after_rollback(s: Session) -> None:
+    s.info.pop(_ON_COMMIT, None)
     for undo in s.info.pop(_ON_ROLLBACK, ()):
         undo()
 
@@ -194,6 +202,8 @@ def _after_rollback(s: Session) -> None:
 @event.listens_for(Session, "after_commit")
 def _after_commit(s: Session) -> None:
     s.info.pop(_ON_ROLLBACK, None)
+    for then in s.info.pop(_ON_COMMIT, ()):
+        then()
 
 
 def _type_ids(g: GpuCapacity) -> set[str]:

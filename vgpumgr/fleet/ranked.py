@@ -128,10 +128,12 @@ def irregular(s: Session, short: str, best_fit: bool = True) -> list[int]:
 
 
 def fit_behind(s: Session, up_to: int) -> int:
-    """Hosts whose tightest GPUs are not true for their generation (they run the previous release, or have not
-    published since the upgrade), counted no further than `up_to` + 1 through their partial index."""
-    sql = text("SELECT count(*) FROM (SELECT 1 FROM fleet_hosts h WHERE h.fit_generation IS NULL "
-               "OR h.fit_generation <> h.generation LIMIT :n) AS x")
+    """Hosts whose tightest GPUs alone are not true for their generation (they run the previous release, or have
+    not published since the upgrade), counted no further than `up_to` + 1 through their partial index. A host whose
+    whole summary is behind (a change its follower has not summed yet) is read from its rows anyway: not counted,
+    so a burst of changes across the fleet never changes `pack`'s order."""
+    sql = text("SELECT count(*) FROM (SELECT 1 FROM fleet_hosts h WHERE (h.fit_generation IS NULL "
+               "OR h.fit_generation <> h.generation) AND h.types_generation = h.generation LIMIT :n) AS x")
     return int(s.execute(sql, {"n": up_to + 1}).scalar() or 0)
 
 

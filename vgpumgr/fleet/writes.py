@@ -99,13 +99,15 @@ def _host_sql(pg: bool) -> str:
     sets = ", ".join(f"{c} = excluded.{c}" for c in (*_HOST_COLS, "heartbeat_at"))
     return (f"INSERT INTO fleet_hosts{' AS h' if pg else ''} ({', '.join(cols)}) VALUES ({values}) ON CONFLICT "
             f"(host_id) DO UPDATE SET {sets}, generation = {target}.generation + 1, {_KEEP_TYPES.format(t=target)}, "
-            f"{_KEEP_FIT.format(t=target)}")
+            f"{_KEEP_FIT.format(t=target)}" + (" RETURNING types_generation IS NOT NULL AND fit_generation IS NOT NULL"
+                                               if pg else ""))
 
 
 # fleet_host_types rows stay true for the host's generation only while every publish keeps them: one that wrote
-# them (refresh_types) or moved them with the counts (_PG_CHANGE, then _PG_FIT) carries the mark on; an older
-# release's publish moves `generation` alone (or, the previous one, carries types_generation on without moving
-# tightest_mb), and the host's summary (or its best fit) is then not trusted until its next full publish
+# them (refresh_types) or moved them with the counts (_PG_COUNTS) carries the mark on. A change leaves them behind
+# (_PG_CHANGE; vgpumgr.fleet.follow sums them afresh after it), as an older release's publish does (it moves
+# `generation` alone, or, the previous one, carries types_generation on without moving tightest_mb): the host's
+# summary (or its best fit) is then not trusted, and its rows are read, until it is summed afresh
 _KEEP_TYPES = ("types_generation = CASE WHEN {t}.types_generation = {t}.generation THEN {t}.generation + 1 "
                "END")
 _KEEP_FIT = "fit_generation = CASE WHEN {t}.fit_generation = {t}.generation THEN {t}.generation + 1 END"
@@ -141,67 +143,59 @@ def _types_sql(pg: bool) -> tuple[str, ...]:
 
 # 0x76677075 ("vgpu"): the advisory lock space of a host's publishes (lock_host)
 _PUBLISH_LOCK = "SELECT pg_advisory_xact_lock(1986490485, %(h)s)"
+_TRY_LOCK = "SELECT pg_try_advisory_xact_lock(1986490485, %(h)s)"
 
-# A change of a GPU this process already published moves only counts: the type rows' free, used and max, the
-# GPU's vGPUs and mode, the host's heartbeat. On PostgreSQL that is one statement (plain UPDATEs: a row whose
-# counts did not move is not rewritten); a row missing there is healed by the next full publish.
-# The GPU's room (region_mb, used_mb) comes with it, summed from the same type rows in Python (GpuCapacity),
-# and room_at = published_at says it is this release's (a previous one moves published_at alone).
+# A change of a GPU this process already published moves only counts: its type rows' free, used and max, the GPU's
+# vGPUs, mode and room (region_mb, used_mb: summed from the same type rows in Python, GpuCapacity; room_at =
+# published_at says they are this release's, a previous one moves published_at alone), the host's heartbeat. On
+# PostgreSQL that is one statement of plain UPDATEs; a row missing there is healed by the next full publish. Every
+# type row of the touched GPUs is written, moved or not: their counts are in no index, so each new version stays
+# on its page (fillfactor 70), which cost less than locking each row to compare it first (~0.1 ms a change).
 # It takes the host's publish lock (lock_host) first, in the same round trip: every part reads its rows through
 # `l`, which takes the lock, so no row is locked or written before it is held. The statement's snapshot is older
-# than the lock (a publish that held it may have committed meanwhile), so every row whose old values it reads is
-# locked first (READ COMMITTED then reads its newest version), and only then compared with the new values.
-# The host's summary moves by what its touched rows moved (their values before, locked, against after): only the
-# touched GPUs' rows are locked, not every row of the host's touched types.
-# Each type's tightest GPU (a least value, which deltas cannot move) is taken afresh from all the host's GPUs: the
-# touched ones from the change itself (it carries every type row of each, as write_counts is only called for GPUs
-# whose type rows this process wrote; not re-reading their rows, which every change rewrites, saved ~0.3 ms), the
-# others read unlocked, as the statement's snapshot has them, which is their newest unless another publish of the
-# host committed while this one waited for the lock. The host row, updated last, tells: its generation as the
-# snapshot has it against the newest (the UPDATE's own row); where they differ the best fit is marked not true
-# (fit_generation NULL) and the caller takes it afresh (_PG_FIT).
+# than the lock (a publish that held it may have committed meanwhile): a row that publish wrote is written again
+# all the same (READ COMMITTED updates its newest version), so this change's values are what stays.
+_PG_NEW = (f"WITH l AS MATERIALIZED ({_PUBLISH_LOCK}), "
+           "v AS (SELECT v.* FROM l, unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
+           "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), ")
+_PG_GPUS = (
+    "u AS (SELECT u.* FROM l, unnest(%(address)s::varchar[], %(vgpus)s::int[], %(mode)s::varchar[], "
+    "%(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb)), {between}"
+    "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, region_mb = u.region_mb, used_mb = u.used_mb, "
+    "published_at = now(), room_at = now() FROM u WHERE g.host_id = %(h)s AND g.address = u.address RETURNING 1) ")
+# The change leaves the host's summary (fleet_host_types) behind: the host row moves one generation on and its
+# marks (types_generation, fit_generation) stay, so every reader takes the host from its own rows until the
+# summary is summed afresh after the commit (vgpumgr.fleet.follow). Moving the summary here was most of a change's
+# time and all of its tail: a first vGPU on a T4 rewrote 17 rows with five index entries each.
 _PG_CHANGE = (
-    f"WITH l AS MATERIALIZED ({_PUBLISH_LOCK}), "
-    "sg AS MATERIALIZED (SELECT generation FROM fleet_hosts WHERE host_id = %(h)s), "
-    "v AS (SELECT v.* FROM l, unnest(%(gpu)s::varchar[], %(type_id)s::varchar[], "
-    "%(free)s::int[], %(used)s::int[], %(max)s::int[]) AS v(gpu, type_id, free, used, max)), "
-    "o AS (SELECT c.gpu, c.type_id, c.short, c.free AS was_free, c.used AS was_used, c.max AS was_max, v.free, "
-    "v.used, v.max FROM fleet_capacity c JOIN v ON c.gpu = v.gpu AND c.type_id = v.type_id WHERE c.host_id = "
-    "%(h)s FOR UPDATE OF c), "
+    _PG_NEW + "c AS (UPDATE fleet_capacity c SET free = v.free, used = v.used, max = v.max FROM v WHERE c.host_id = "
+    "%(h)s AND c.gpu = v.gpu AND c.type_id = v.type_id RETURNING 1), " + _PG_GPUS.format(between="")
+    + "UPDATE fleet_hosts SET heartbeat_at = now(), generation = fleet_hosts.generation + 1, gpus = %(gpus)s, "
+    "vgpus = %(total)s FROM l WHERE host_id = %(h)s")
+# Inside a full publish (its lock taken by a statement of its own, so this statement's snapshot is newer than the
+# lock), a GPU whose type set is unchanged moves the summary with its counts: by what its touched rows moved
+# (their values before, locked, against after), and each type's tightest GPU afresh, the touched GPUs' from the
+# change itself (it carries every type row of each, as write_counts is only called for GPUs whose type rows this
+# process wrote), the others as the snapshot has them. The host row is written after it (write_host).
+_PG_COUNTS = (
+    _PG_NEW + "o AS (SELECT c.gpu, c.type_id, c.short, c.free AS was_free, c.used AS was_used, c.max AS was_max, "
+    "v.free, v.used, v.max FROM fleet_capacity c JOIN v ON c.gpu = v.gpu AND c.type_id = v.type_id WHERE "
+    "c.host_id = %(h)s FOR UPDATE OF c), "
     "m AS (SELECT * FROM o WHERE (was_free, was_used, was_max) IS DISTINCT FROM (free, used, max)), "
     "c AS (UPDATE fleet_capacity c SET free = m.free, used = m.used, max = m.max FROM m WHERE c.host_id = %(h)s "
     "AND c.gpu = m.gpu AND c.type_id = m.type_id RETURNING 1), "
     "d AS (SELECT short, sum(CASE WHEN free > 0 THEN 1 ELSE 0 END - CASE WHEN was_free > 0 THEN 1 ELSE 0 END) AS "
     "open_gpus, sum(free - was_free) AS free, sum(used - was_used) AS used, "
-    "sum(coalesce(max, 0) - coalesce(was_max, 0)) AS max FROM m GROUP BY short), "
-    "u AS (SELECT u.* FROM l, unnest(%(address)s::varchar[], %(vgpus)s::int[], %(mode)s::varchar[], "
-    "%(region_mb)s::int[], %(used_mb)s::int[]) AS u(address, vgpus, mode, region_mb, used_mb)), "
-    "f AS (SELECT a.short, min(a.room) FILTER (WHERE a.free > 0) AS tightest_mb FROM (SELECT x.short, x.free, "
-    f"{ROOM} AS room FROM fleet_gpus g JOIN fleet_capacity x ON x.host_id = g.host_id AND x.gpu = g.address WHERE "
-    "g.host_id = %(h)s AND NOT g.address = ANY(%(address)s::varchar[]) UNION ALL SELECT o.short, o.free, "
-    "u.region_mb - u.used_mb FROM o JOIN u ON u.address = o.gpu) AS a GROUP BY a.short), "
-    "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + coalesce(d.open_gpus, 0), free = t.free + "
-    "coalesce(d.free, 0), used = t.used + coalesce(d.used, 0), max = t.max + coalesce(d.max, 0), tightest_mb = "
-    "f.tightest_mb FROM f LEFT JOIN d ON d.short = f.short WHERE t.host_id = %(h)s AND t.short = f.short AND "
-    "((d.short IS NOT NULL AND (d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0)) OR t.tightest_mb IS DISTINCT "
-    "FROM f.tightest_mb) RETURNING 1), "
-    "g AS (UPDATE fleet_gpus g SET vgpus = u.vgpus, mode = u.mode, region_mb = u.region_mb, used_mb = u.used_mb, "
-    "published_at = now(), room_at = now() FROM u WHERE g.host_id = %(h)s AND g.address = u.address RETURNING 1) "
-    "UPDATE fleet_hosts SET heartbeat_at = now(), generation = fleet_hosts.generation + 1, "
-    + _KEEP_TYPES.format(t="fleet_hosts") + ", fit_generation = CASE WHEN fleet_hosts.fit_generation = "
-    "fleet_hosts.generation AND fleet_hosts.generation = sg.generation THEN fleet_hosts.generation + 1 END, "
-    "gpus = %(gpus)s, vgpus = %(total)s FROM l, sg WHERE host_id = %(h)s RETURNING fit_generation IS NOT NULL")
-# the same without the host row, after the host's lock was taken by a statement of its own (publish's full path):
-# this statement's snapshot is newer than the lock, so the best fit it takes is true
-_PG_COUNTS = _PG_CHANGE[:_PG_CHANGE.rindex("UPDATE fleet_hosts")] + "SELECT true"
-# The best fit taken afresh, and marked true: after a change that found another publish committed meanwhile (or a
-# host whose best fit was not true), with the lock held, so its snapshot has every publish of the host
-_PG_FIT = (
-    f"WITH x AS (UPDATE fleet_host_types t SET tightest_mb = x.tightest_mb FROM (SELECT c.short, {_TIGHTEST} AS "
-    "tightest_mb FROM fleet_capacity c JOIN fleet_gpus g ON g.host_id = c.host_id AND g.address = c.gpu WHERE "
-    "c.host_id = %(h)s GROUP BY c.short) AS x WHERE t.host_id = %(h)s AND t.short = x.short AND t.tightest_mb IS "
-    "DISTINCT FROM x.tightest_mb RETURNING 1) UPDATE fleet_hosts SET fit_generation = generation WHERE host_id = "
-    "%(h)s")
+    "sum(coalesce(max, 0) - coalesce(was_max, 0)) AS max FROM m GROUP BY short), " + _PG_GPUS.format(between=(
+        "f AS (SELECT a.short, min(a.room) FILTER (WHERE a.free > 0) AS tightest_mb FROM (SELECT x.short, x.free, "
+        f"{ROOM} AS room FROM fleet_gpus g JOIN fleet_capacity x ON x.host_id = g.host_id AND x.gpu = g.address "
+        "WHERE g.host_id = %(h)s AND NOT g.address = ANY(%(address)s::varchar[]) UNION ALL SELECT o.short, o.free, "
+        "u.region_mb - u.used_mb FROM o JOIN u ON u.address = o.gpu) AS a GROUP BY a.short), "
+        "t AS (UPDATE fleet_host_types t SET open_gpus = t.open_gpus + coalesce(d.open_gpus, 0), free = t.free + "
+        "coalesce(d.free, 0), used = t.used + coalesce(d.used, 0), max = t.max + coalesce(d.max, 0), tightest_mb = "
+        "f.tightest_mb FROM f LEFT JOIN d ON d.short = f.short WHERE t.host_id = %(h)s AND t.short = f.short AND "
+        "((d.short IS NOT NULL AND (d.open_gpus, d.free, d.used, d.max) <> (0, 0, 0, 0)) OR t.tightest_mb IS "
+        "DISTINCT FROM f.tightest_mb) RETURNING 1), ")) + "SELECT true")
 _SQLITE_CHANGE = (
     "UPDATE fleet_capacity SET free = ?, used = ?, max = ? WHERE host_id = ? AND gpu = ? AND type_id = ? AND "
     "(free IS NOT ? OR used IS NOT ? OR max IS NOT ?)",
@@ -211,7 +205,7 @@ _SQLITE_CHANGE = (
     + ", " + _KEEP_FIT.format(t="fleet_hosts") + ", gpus = ?, vgpus = ? WHERE host_id = ?")
 
 _SQL = {"postgresql": {"gpus": _pg_gpus_sql(), "capacity": _pg_capacity_sql(), "host": _host_sql(True),
-                       "change": _PG_CHANGE, "counts": _PG_COUNTS, "fit": _PG_FIT, "types": _types_sql(True)[0]},
+                       "change": _PG_CHANGE, "counts": _PG_COUNTS, "types": _types_sql(True)[0]},
         "sqlite": {"gpus": _sqlite_gpus_sql(), "capacity": _sqlite_capacity_sql(), "host": _host_sql(False),
                    "change-capacity": _SQLITE_CHANGE[0], "change-gpus": _SQLITE_CHANGE[1],
                    "change-host": _SQLITE_CHANGE[2]}}
@@ -301,32 +295,38 @@ def lock_host(s: Session, host_id: int) -> None:
         _run(s, "lock", {"h": host_id}, sql=_PUBLISH_LOCK)
 
 
-def write_host(s: Session, host_id: int, facts: HostFacts, gpus: int, vgpus: int) -> None:
-    """This host's row, heartbeat now, one generation further."""
+def try_lock_host(s: Session, host_id: int) -> bool:
+    """lock_host without waiting: False where another transaction holds the lock."""
+    return not _pg(s) or bool(_run(s, "", {"h": host_id}, sql=_TRY_LOCK, fetch=True))
+
+
+def write_host(s: Session, host_id: int, facts: HostFacts, gpus: int, vgpus: int) -> bool:
+    """This host's row, heartbeat now, one generation further; False where its summary is behind (a change left it,
+    and this publish wrote no GPU's rows: the caller sums it afresh)."""
     values = {"host_id": host_id, "endpoint": facts.endpoint, "migration_uri": facts.migration_uri,
               "driver_version": facts.driver_version, "version": facts.version, "heartbeat_s": facts.heartbeat_s,
               "stale_after_s": facts.stale_after_s, "gpus": gpus, "vgpus": vgpus}
     if _pg(s):
-        _run(s, "host", values)
-    else:
-        _run(s, "host", [*values.values(), _sqlite_now()])
+        return bool(_run(s, "host", values, fetch=True))
+    _run(s, "host", [*values.values(), _sqlite_now()])
+    return True
 
 
 def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_count: int, vgpus: int,
-                 host: bool = True) -> None:
-    """A change of GPUs whose rows exist: their counts, and (`host`) the host's heartbeat (see _PG_CHANGE)."""
+                 host: bool = True) -> bool:
+    """A change of GPUs whose rows exist: their counts, and (`host`) the host's heartbeat (see _PG_CHANGE). True
+    where the host's summary is left behind, to be summed afresh once this commits (`follow`)."""
     types = [(g.address, t) for g in gpus for t in g.types]
     if _pg(s):
-        if _run(s, "change" if host else "counts", {
+        _run(s, "change" if host else "counts", {
             "h": host_id, "gpu": pg_texts(a for a, _ in types), "type_id": pg_texts(t.type for _, t in types),
             "free": pg_ints(t.free for _, t in types),
             "used": pg_ints(t.used for _, t in types), "max": pg_ints(t.max for _, t in types),
             "address": pg_texts(g.address for g in gpus), "vgpus": pg_ints(g.vgpus for g in gpus),
             "mode": pg_texts(g.mode for g in gpus),
             "region_mb": pg_ints(g.region_mb for g in gpus), "used_mb": pg_ints(g.used_mb for g in gpus),
-            "gpus": gpu_count, "total": vgpus}, fetch=True) is False:
-            _run(s, "fit", {"h": host_id})  # another publish committed meanwhile: the best fit afresh
-        return
+            "gpus": gpu_count, "total": vgpus})
+        return host
     now = _sqlite_now()
     if types:
         _run(s, "change-capacity", [(t.free, t.used, t.max, host_id, a, t.type, t.free, t.used, t.max)
@@ -338,6 +338,7 @@ def write_counts(s: Session, host_id: int, gpus: Sequence[GpuCapacity], gpu_coun
         refresh_types(s, host_id)
     if host:
         _run(s, "change-host", (now, gpu_count, vgpus, host_id))
+    return False
 
 
 def beat(s: Session, host_id: int) -> int:
