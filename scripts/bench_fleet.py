@@ -178,8 +178,9 @@ def clone(url: str, start: int, stop: int) -> None:
 
 def churn(url: str, hosts: int, rate: float, boards: str, log: str | None = None) -> None:
     """`--churn`: publish a change of a random simulated host `rate` times a second until killed (`boards`: the
-    parent's board templates, pickled); with `log`, each change's statement time appended to it as a line
-    `MONOTONIC MS` (the parent reads the changes made while it measured: `fleet_changes`)."""
+    parent's board templates, pickled), and sum the host's summary after it, as its follower would; with `log`,
+    each change's statement time and its sum's appended to it as a line `MONOTONIC MS SUM_MS` (the parent reads
+    the changes made while it measured: `fleet_changes`)."""
     import pickle
 
     from vgpumgr.db.session import session_factory
@@ -202,26 +203,35 @@ def churn(url: str, hosts: int, rate: float, boards: str, log: str | None = None
                 t = time.perf_counter()
                 writes.write_counts(s, host_id, [gpu], 8, gpu.vgpus)
                 spent = (time.perf_counter() - t) * 1000
+            t = time.perf_counter()
+            with sessions.begin() as s:  # the summary summed after the commit (vgpumgr.fleet.follow)
+                writes.lock_host(s, host_id)
+                writes.refresh_types(s, host_id)
+            summed = (time.perf_counter() - t) * 1000
             if out:
-                out.write(f"{time.monotonic():.6f} {spent:.4f}\n")
+                out.write(f"{time.monotonic():.6f} {spent:.4f} {summed:.4f}\n")
         time.sleep(max(0.0, 1 / rate - (time.monotonic() - t0)))
 
 
 def fleet_changes(log: Path, since: float) -> dict[str, Any] | None:
-    """The churn's changes logged since `since` (time.monotonic, one clock for every process on the machine)."""
+    """The churn's changes logged since `since` (time.monotonic, one clock for every process on the machine), with
+    the sums after them (`summed`)."""
     try:
         lines = log.read_text().splitlines()
     except OSError:
         return None
-    spent = []
+    spent, summed = [], []
     for line in lines:
         try:
-            at, ms = (float(x) for x in line.split(" "))
+            at, ms, sum_ms = (float(x) for x in line.split(" "))
         except ValueError:  # the last line, half-written when the churn was killed
             continue
         if at >= since:
             spent.append(ms)
-    return {**quantiles(spent), "mean": statistics.fmean(spent)} if spent else None
+            summed.append(sum_ms)
+    if not spent:
+        return None
+    return {**quantiles(spent), "mean": statistics.fmean(spent), "summed": quantiles(summed)}
 
 
 NO_ROOM_TYPE = "A100D-40C"  # offered by every A100 host, none with room (they are in MIG mode): `place` then
@@ -273,7 +283,8 @@ class Statements:
 
 def quantiles(ms: list[float]) -> dict[str, float]:
     q = statistics.quantiles(ms, n=100) if len(ms) > 1 else ms * 99
-    return {"p50": statistics.median(ms), "p99": q[98], "max": max(ms), "n": len(ms)}
+    # of fewer than 100 figures the 99th percentile is extrapolated past the largest: the largest then
+    return {"p50": statistics.median(ms), "p99": min(q[98], max(ms)), "max": max(ms), "n": len(ms)}
 
 
 def buckets(exposition: str, name: str, **labels: str) -> dict[float, float]:
@@ -344,8 +355,8 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
     pair's vGPU is the first on an empty GPU and then the last to leave it, the costliest change: every one of the
     T4's 17 type rows moves (a 4 GB vGPU leaves no room for the other sizes). Then the same pairs on a GPU that
     already holds one (`publish_held_ms`): only the 4 GB types' 3 rows move, the usual change on a busy host; and
-    those pairs again with the whole host marked before each change (`publish_udev_ms`), as `serve` marks it on
-    the udev event that follows every mdev it makes or removes (the simulator has no udev)."""
+    those pairs again with the whole host marked before each change (`publish_udev_ms`), as `serve` marks it on a
+    udev event it cannot trace to one GPU (a PCI device, a driver bound; the simulator has no udev)."""
     from vgpumgr.fleet import publish as pub
 
     spent: list[float] = []
@@ -366,6 +377,9 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
     from api.metrics import Metrics
 
     metrics = Metrics(svc_on)  # the histogram `serve`'s /metrics has, fed by the same publisher
+    follower = svc_on.fleet.follower
+    follower.settle()
+    follower.spent_ms.clear()
     on, off = [], []
     pub.Publisher.publish = measured  # type: ignore[method-assign]
     try:
@@ -394,6 +408,8 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
             svc_on.release(kept)
     finally:
         pub.Publisher.publish = inner  # type: ignore[method-assign]
+    follower.settle()
+    summed = list(follower.spent_ms)
     from sqlalchemy import text
 
     floor = []  # a bare statement in a transaction on the same connection pool, under the same load
@@ -407,7 +423,7 @@ def host_path(svc_on: Any, svc_off: Any, pairs: int) -> dict[str, Any]:
             "publish_metric": histogram_p99(exposition, "vgpumgr_fleet_publish_seconds", kind="change"),
             "publish_held_ms": quantiles(held), "publish_held_mean_ms": statistics.fmean(held),
             "publish_udev_ms": quantiles(udev), "publish_udev_mean_ms": statistics.fmean(udev),
-            "round_trip_ms": quantiles(floor),
+            "round_trip_ms": quantiles(floor), "follow_ms": quantiles(summed) if summed else None,
             "pair_ms_on": statistics.median(on), "pair_ms_off": statistics.median(off),
             "added_ms_per_change": (statistics.median(on) - statistics.median(off)) / 2}
 
@@ -650,6 +666,8 @@ def report(r: dict[str, Any]) -> None:
         print(_held(last))
     if last.get("fleet_changes_ms"):
         print(_fleet_changes(last))
+    if last.get("follow_ms"):
+        print(_follower(last))
     if "rest_place_metric" in last:
         print(_metrics(last))
     hosts = last["hosts"] / first["hosts"]
@@ -678,6 +696,8 @@ def report_publish(r: dict[str, Any]) -> None:
         print(_held(last))
     if last.get("fleet_changes_ms"):
         print(_fleet_changes(last))
+    if last.get("follow_ms"):
+        print(_follower(last))
     if "publish_metric" in last:
         m = last["publish_metric"]
         print(f"the service's /metrics histogram (vgpumgr_fleet_publish_seconds, kind=change): p99 {m['p99']:.2f} ms "
@@ -691,17 +711,28 @@ def _held(s: dict[str, Any]) -> str:
             f"(above: each vGPU the first on its GPU or the last to leave, all 17 rows move)")
     if "publish_udev_ms" in s:
         u = s["publish_udev_ms"]
-        line += (f"\nthe same after a udev event marked the whole host (serve marks it after every mdev it makes or "
-                 f"removes): mean {s['publish_udev_mean_ms']:.2f} ms, p50 {u['p50']:.2f} ms, p99 {u['p99']:.2f} ms "
+        line += (f"\nthe same after a udev event marked the whole host (serve marks it on an event it cannot trace to "
+                 f"one GPU): mean {s['publish_udev_mean_ms']:.2f} ms, p50 {u['p50']:.2f} ms, p99 {u['p99']:.2f} ms "
                  f"over {u['n']}")
     return line
 
 
 def _fleet_changes(s: dict[str, Any]) -> str:
     c = s["fleet_changes_ms"]
-    return (f"the fleet's own changes meanwhile (the churn: one GPU of a random simulated host refilled, its change "
+    line = (f"the fleet's own changes meanwhile (the churn: one GPU of a random simulated host refilled, its change "
             f"statement alone, no capacity computed; not the target's measure): mean {c['mean']:.2f} ms, p50 "
             f"{c['p50']:.2f} ms, p99 {c['p99']:.2f} ms over {c['n']}")
+    if "summed" in c:
+        summed = c["summed"]
+        line += f"; each host's summary summed after it: p50 {summed['p50']:.2f} ms, p99 {summed['p99']:.2f} ms"
+    return line
+
+
+def _follower(s: dict[str, Any]) -> str:
+    f = s["follow_ms"]
+    return (f"the bench host's summary, summed after its changes' commits (off the change's path, by its follower): "
+            f"{f['n']} sums for {s['publish_ms']['n'] + s['publish_held_ms']['n'] + s['publish_udev_ms']['n']} "
+            f"changes, p50 {f['p50']:.2f} ms, p99 {f['p99']:.2f} ms")
 
 
 def _metrics(s: dict[str, Any]) -> str:

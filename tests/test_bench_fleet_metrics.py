@@ -53,8 +53,9 @@ def test_the_fleets_own_changes_are_read_from_the_churns_log_within_the_window(t
     log = tmp_path / "churn.log"
     assert bench.fleet_changes(log, 0.0) is None  # no log (the churn never ran)
     # before the window, inside it, and a line the killed churn left half-written
-    log.write_text("10.0 9.0\n20.5 1.0\n21.0 3.0\n22.0 2.0\n23.0 ")
+    log.write_text("10.0 9.0 9.5\n20.5 1.0 4.0\n21.0 3.0 6.0\n22.0 2.0 5.0\n23.0 2.5")
     got = bench.fleet_changes(log, 20.0)
     assert got is not None
     assert (got["n"], got["p50"], got["max"], got["mean"]) == (3, 2.0, 3.0, 2.0)
+    assert (got["summed"]["n"], got["summed"]["p50"], got["summed"]["max"]) == (3, 5.0, 6.0)  # the sums after
     assert bench.fleet_changes(log, 30.0) is None
