@@ -76,6 +76,7 @@ def test_a_change_leaves_the_summary_behind_and_readers_take_the_hosts_rows(
         req = FleetRequest(vtype)
         full, large = reader.fleet_place(req, every_host=True), reader.fleet_place(req)
         assert large.choice == full.choice and [c.host for c in large.ranked] == [c.host for c in full.ranked]
+        assert large.rejected_counts == full.rejected_counts  # fo-a and fo-b counted by their rows
     assert reader.fleet_place(FleetRequest("T4-4Q")).choice.host == "fo-a"
     # hosts whose whole summary awaits its sum are not a rolling upgrade: `pack` keeps its best fit
     monkeypatch.setattr(fleet_ops, "FIT_BEHIND_UP_TO", 0)

@@ -121,6 +121,7 @@ def test_a_large_fleets_answer_is_the_one_reading_every_host_gives(tmp_path: Pat
         req = FleetRequest("T4-4Q", strategy=strategy)
         full, large = svc.fleet_place(req, every_host=True), svc.fleet_place(req)
         assert _names(large) == _names(full) and large.choice == full.choice and large.choice.host != first
+        assert large.rejected_counts == full.rejected_counts  # `first` counted by its rows, not its summary
     # the release before this one moves the counts and the GPUs' room and carries its summary's mark on, not the
     # summary's tightest GPU: the host whose GPU has the least room now is `pack`'s choice all the same
     last = svc.fleet_place(FleetRequest("T4-4Q"), every_host=True).ranked[-1].host

@@ -18,9 +18,10 @@ Everything else is counted, not listed: hosts stale, cordoned, not offering the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
 # a host's heartbeat is within its window: the negation of store.HostRow.stale, by the database's clock; on
@@ -61,31 +62,37 @@ class Counts(NamedTuple):
 # subquery that is not flattened: flattened, the planner joined the cordons with every fresh host's index entry).
 _OUT = {
     "postgresql": ("WITH out_ AS MATERIALIZED (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE {stale} "
-                   "UNION ALL SELECT c.host_id, 0 FROM host_cordons c JOIN LATERAL (SELECT 1 FROM fleet_hosts h "
-                   "WHERE h.host_id = c.host_id AND {fresh} OFFSET 0) AS f ON true)"),
-    "sqlite": ("WITH out_ AS (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE {stale} UNION ALL "
-               "SELECT h.host_id, 0 FROM host_cordons c JOIN fleet_hosts h ON h.host_id = c.host_id WHERE {fresh})")}
+                   "AND h.host_id NOT IN :apart UNION ALL SELECT c.host_id, 0 FROM host_cordons c JOIN LATERAL "
+                   "(SELECT 1 FROM fleet_hosts h WHERE h.host_id = c.host_id AND {fresh} OFFSET 0) AS f ON true "
+                   "WHERE c.host_id NOT IN :apart)"),
+    "sqlite": ("WITH out_ AS (SELECT h.host_id, 1 AS stale FROM fleet_hosts h WHERE {stale} AND h.host_id NOT IN "
+               ":apart UNION ALL SELECT h.host_id, 0 FROM host_cordons c JOIN fleet_hosts h ON h.host_id = c.host_id "
+               "WHERE {fresh} AND h.host_id NOT IN :apart)")}
 
 
-def counts(s: Session, short: str, count: int, nvidia: bool) -> Counts:
+def counts(s: Session, short: str, count: int, nvidia: bool, apart: Sequence[int] = ()) -> Counts:
     """Every host by why it could not take `count` of the type before any policy, in one statement without a
     pass over the hosts' rows: the type's summary rows counted by room in one pass of their index
     (ix_fleet_host_types_room), the few hosts out of the running looked up by key and taken off, and the hosts
-    counted from their smallest index."""
+    counted from their smallest index. The hosts `apart` (read from their own rows and judged by the placer:
+    `irregular`) are in `hosts` only: a summary behind would count them by what they held before."""
     d = _dialect(s)
     room = "t.open_gpus >= :count" if nvidia else "t.free >= :count"
     sql = text(
         _OUT[d].format(stale=_STALE[d], fresh=_FRESH[d])
         + ", typed AS (SELECT count(*) AS n, count(*) FILTER (WHERE " + room + ") AS roomy FROM fleet_host_types t "
-        "WHERE t.short = :short), "
+        "WHERE t.short = :short AND t.host_id NOT IN :apart), "
         "typed_out AS (SELECT count(*) AS n, count(*) FILTER (WHERE " + room + ") AS roomy FROM out_ o "
         "JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short) "
         "SELECT (SELECT count(*) FROM fleet_hosts), typed.n, typed.roomy, (SELECT sum(o.stale) FROM out_ o), "
-        "(SELECT count(*) - sum(o.stale) FROM out_ o), typed_out.n, typed_out.roomy FROM typed, typed_out")
+        "(SELECT count(*) - sum(o.stale) FROM out_ o), typed_out.n, typed_out.roomy FROM typed, typed_out"
+    ).bindparams(bindparam("apart", expanding=True))
+    apart = sorted(set(apart))
     hosts, offering, roomy, stale, cordoned, offering_out, roomy_out = (
-        int(x or 0) for x in s.execute(sql, {"short": short, "count": count}).one())
+        int(x or 0) for x in s.execute(sql, {"short": short, "count": count, "apart": apart or [-1]}).one())
     offered = offering - offering_out  # by fresh, uncordoned hosts
-    return Counts(hosts, stale, cordoned, hosts - stale - cordoned - offered, offered - (roomy - roomy_out))
+    return Counts(hosts, stale, cordoned, hosts - len(apart) - stale - cordoned - offered,
+                  offered - (roomy - roomy_out))
 
 
 def candidates(s: Session, short: str, count: int, nvidia: bool, strategy: str, offset: int, limit: int,
