@@ -81,8 +81,10 @@ def counts(s: Session, short: str, count: int, nvidia: bool, apart: Sequence[int
     sql = text(
         _OUT[d].format(stale=_STALE[d], fresh=_FRESH[d])
         + ", typed AS (SELECT count(*) AS n, count(*) FILTER (WHERE " + room + ") AS roomy FROM fleet_host_types t "
-        "WHERE t.short = :short AND t.host_id NOT IN :apart), "
-        "typed_out AS (SELECT count(*) AS n, count(*) FILTER (WHERE " + room + ") AS roomy FROM out_ o "
+        "WHERE t.short = :short), "
+        # the hosts out of the running and those apart, looked up by key (the pass above stays on the index alone)
+        "typed_out AS (SELECT count(*) AS n, count(*) FILTER (WHERE " + room + ") AS roomy FROM (SELECT o.host_id "
+        "FROM out_ o UNION ALL SELECT h.host_id FROM fleet_hosts h WHERE h.host_id IN :apart) AS o "
         "JOIN fleet_host_types t ON t.host_id = o.host_id AND t.short = :short) "
         "SELECT (SELECT count(*) FROM fleet_hosts), typed.n, typed.roomy, (SELECT sum(o.stale) FROM out_ o), "
         "(SELECT count(*) - sum(o.stale) FROM out_ o), typed_out.n, typed_out.roomy FROM typed, typed_out"
@@ -90,7 +92,7 @@ def counts(s: Session, short: str, count: int, nvidia: bool, apart: Sequence[int
     apart = sorted(set(apart))
     hosts, offering, roomy, stale, cordoned, offering_out, roomy_out = (
         int(x or 0) for x in s.execute(sql, {"short": short, "count": count, "apart": apart or [-1]}).one())
-    offered = offering - offering_out  # by fresh, uncordoned hosts
+    offered = offering - offering_out  # by fresh, uncordoned hosts not apart
     return Counts(hosts, stale, cordoned, hosts - len(apart) - stale - cordoned - offered,
                   offered - (roomy - roomy_out))
 
