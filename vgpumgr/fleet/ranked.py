@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
+from vgpumgr.fleet.store import summary_behind
+
 # a host's heartbeat is within its window: the negation of store.HostRow.stale, by the database's clock; on
 # PostgreSQL through the indexed fleet_fresh_until (migration 0016), so the stale hosts are found, and the fresh
 # ones estimated, from the index
@@ -174,10 +176,10 @@ def page_counts(s: Session) -> dict[str, int]:
 
 
 # the hosts offering a type: by their summary (the type's index), or by their own rows where the summary is behind
-_OFFERS = ("((h.host_id IN (SELECT t.host_id FROM fleet_host_types t WHERE t.short = :short) AND "
-           "h.types_generation = h.generation) OR h.host_id IN (SELECT f.host_id FROM fleet_hosts u JOIN "
-           "fleet_capacity f ON f.host_id = u.host_id WHERE (u.types_generation IS NULL OR u.types_generation <> "
-           "u.generation) AND f.short = :short))")
+# (those hosts named, store.summary_behind)
+_OFFERS = ("((h.host_id IN (SELECT t.host_id FROM fleet_host_types t WHERE t.short = :short) AND h.host_id NOT IN "
+           ":behind) OR h.host_id IN (SELECT f.host_id FROM fleet_capacity f WHERE f.host_id IN :behind AND "
+           "f.short = :short))")
 
 
 def page_hosts(s: Session, short: str | None, state: str | None, offset: int, limit: int) -> tuple[list[int], int]:
@@ -185,13 +187,17 @@ def page_hosts(s: Session, short: str | None, state: str | None, offset: int, li
     where, params = ["true"], {"limit": limit, "offset": offset}
     if short:
         where.append(_OFFERS)
-        params["short"] = short
+        params.update(short=short, behind=summary_behind(s))
     if state:
         where.append(_STATE[state].format(ids=_stale_ids(s)))
     base = (f"FROM fleet_hosts h JOIN hosts n ON n.id = h.host_id LEFT JOIN host_cordons c ON c.host_id = h.host_id "
             f"WHERE {' AND '.join(where)}")
-    matching = int(s.execute(text(f"SELECT count(*) {base}"), params).scalar() or 0)
-    ids = [r[0] for r in s.execute(text(f"SELECT h.host_id {base} ORDER BY n.name LIMIT :limit OFFSET :offset"),
+
+    def sql(q: str) -> Any:
+        return text(q).bindparams(bindparam("behind", expanding=True)) if short else text(q)
+
+    matching = int(s.execute(sql(f"SELECT count(*) {base}"), params).scalar() or 0)
+    ids = [r[0] for r in s.execute(sql(f"SELECT h.host_id {base} ORDER BY n.name LIMIT :limit OFFSET :offset"),
                                    params)]
     return ids, matching
 
