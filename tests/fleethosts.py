@@ -173,3 +173,16 @@ def board_capacity(tmp: Path, profile: str, scale: int = 1, vfs: int | None = No
     with svc.reads() as s:
         records = live_records(svc, s)
     return host_capacity(svc.snapshot(refresh=True).placer, records)
+
+
+def t4_service(tmp_path: Path, url: str, monkeypatch: Any, name: str, publish: str = "1") -> Any:
+    """An in-process Service on a simulated 2 x T4 host named `name`, publishing each change (`publish`: "1") or
+    nothing ("0") into `url`."""
+    from vgpumgr.config import Config
+    from vgpumgr.service import Service
+
+    monkeypatch.setenv("VGPUMGR_HOSTNAME", name)
+    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", publish)
+    root = profiles.create(tmp_path / f"sim-{name}", "t4", scale=2)
+    return Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / f"state-{name}"), db=url),
+                   licence_mode="off")

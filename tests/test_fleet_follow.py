@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleethosts import t4_service
 from sqlalchemy import create_engine, text
 
-from vgpumgr.config import Config
 from vgpumgr.fleet import follow
 from vgpumgr.fleet.place import FleetRequest
 from vgpumgr.ops import fleet as fleet_ops
 from vgpumgr.service import Service
-from vgpumgr.sim import profiles
 
 SUMMED = ("SELECT c.short, count(*), sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), sum(c.free), sum(c.used), "
           "min(CASE WHEN c.free > 0 THEN g.region_mb - g.used_mb END) FROM fleet_capacity c JOIN fleet_gpus g "
@@ -34,12 +33,7 @@ def pg_url(fresh_db_url: str) -> str:
     return fresh_db_url
 
 
-def _service(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch, name: str, publish: str = "1") -> Service:
-    monkeypatch.setenv("VGPUMGR_HOSTNAME", name)
-    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", publish)
-    root = profiles.create(tmp_path / f"sim-{name}", "t4", scale=2)
-    return Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / f"state-{name}"), db=url),
-                   licence_mode="off")
+_service = t4_service
 
 
 def _state(svc: Service) -> tuple[bool, set[tuple[Any, ...]], set[tuple[Any, ...]]]:

@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleethosts import board_capacity, publish_synthetic
+from fleethosts import board_capacity, publish_synthetic, t4_service
 from sqlalchemy import text
 
-from vgpumgr.config import Config
 from vgpumgr.fleet.place import FleetRequest
 from vgpumgr.ops import fleet as fleet_ops
 from vgpumgr.service import Service
-from vgpumgr.sim import profiles
 
 SUMMARY = ("SELECT c.host_id, c.short, count(*), sum(CASE WHEN c.free > 0 THEN 1 ELSE 0 END), sum(c.free), "
            "sum(c.used), sum(coalesce(c.max, 0)), min(CASE WHEN c.free > 0 THEN g.region_mb - g.used_mb END) "
@@ -27,12 +25,7 @@ SUMMARY = ("SELECT c.host_id, c.short, count(*), sum(CASE WHEN c.free > 0 THEN 1
 KEPT = "SELECT host_id, short, gpus, open_gpus, free, used, max, tightest_mb FROM fleet_host_types"
 
 
-def _service(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch, name: str, publish: str = "1") -> Service:
-    monkeypatch.setenv("VGPUMGR_HOSTNAME", name)
-    monkeypatch.setenv("VGPUMGR_FLEET_PUBLISH", publish)
-    root = profiles.create(tmp_path / f"sim-{name}", "t4", scale=2)
-    return Service(Config.resolve(sysfs_root=str(root), state_dir=str(tmp_path / f"state-{name}"), db=url),
-                   licence_mode="off")
+_service = t4_service
 
 
 def _summaries(svc: Service) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]], list[tuple[int, int]]]:
