@@ -537,9 +537,10 @@ class GuestTelemetry(Base):
 
 
 class FleetHostType(Base):
-    """One host's capacity for one vGPU type (short name), summed over its GPUs: written in the transaction of
-    the publish that moves fleet_capacity (vgpumgr.fleet.writes), so a placer finds the best hosts through an
-    index instead of grouping every host's rows (vgpumgr.fleet.ranked)."""
+    """One host's capacity for one vGPU type (short name), summed over its GPUs: written by a full publish in its
+    transaction and after a change by the host's follower (vgpumgr.fleet.writes, vgpumgr.fleet.follow; meanwhile
+    the host's generation says it is behind), so a placer finds the best hosts through an index instead of
+    grouping every host's rows (vgpumgr.fleet.ranked)."""
 
     __tablename__ = "fleet_host_types"
     __table_args__ = (

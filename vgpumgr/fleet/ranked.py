@@ -1,18 +1,19 @@
 """The fleet's answers at ten thousand hosts: the best hosts of a type through an index, and the rest counted.
 
 Each host keeps one row per vGPU type it offers (`fleet_host_types`: its GPUs', open GPUs', free and used
-instances summed, and the least framebuffer left on a GPU with a free instance), written in the transaction of
-every publish that moves its `fleet_capacity` rows (vgpumgr.fleet.writes). A partial index over the rows with a
-free instance, in `pack` order and in `spread` order, gives the hosts a placer would rank first without reading
-the others; the freshness of the heartbeat and the cordon are checked in the same query, so a stale or cordoned
-host is never among them. The pure placer
-(vgpumgr.fleet.place) then ranks those hosts from their own rows, as it ranks a small fleet, so the choice is the
-one it would make over every host:
+instances summed, and the least framebuffer left on a GPU with a free instance), written by a full publish in
+its own transaction and, after a change, by the host's follower (vgpumgr.fleet.writes, vgpumgr.fleet.follow). A
+partial index over the rows with a free instance, in `pack` order and in `spread` order, gives the hosts a placer
+would rank first without reading the others; the freshness of the heartbeat and the cordon are checked in the
+same query, so a stale or cordoned host is never among them. The pure placer (vgpumgr.fleet.place) then ranks
+those hosts from their own rows, as it ranks a small fleet, so the choice is the one it would make over every
+host:
 - a host with one board offering the type is walked in the placer's own order (`pack`: the room left on its
   fullest GPU with a free instance, then its free instances, then its name, in byte order);
 - a host with two boards offering one type (its summary counts both, a model filter may allow one) and a host
-  whose summary is not true for its generation (it runs an older release, which moves its rows alone or its
-  counts without their tightest GPU) are always read from their own rows.
+  whose summary is not true for its generation (a change its follower has not summed yet, or an older release,
+  which moves its rows alone or its counts without their tightest GPU) are always read from their own rows, and
+  counted by the placer's reason for each.
 Everything else is counted, not listed: hosts stale, cordoned, not offering the type, without room for it.
 """
 
