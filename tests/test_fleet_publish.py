@@ -39,7 +39,7 @@ def _row(svc: Service, gpu: str, short: str) -> tuple[int, int] | None:
 
 
 def _settled(svc: Service) -> None:
-    """The host's summary summed now where a change left it behind (the follower does it within a second)."""
+    """The host's summary summed now where a change left it behind (its follower would, 50 ms after the change)."""
     if svc.fleet.follower is not None:
         svc.fleet.follower.settle()
 

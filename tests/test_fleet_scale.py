@@ -1,4 +1,5 @@
-"""The fleet at scale: each host's per-type summary follows every publish (in that publish's transaction), and a
+"""The fleet at scale: each host's per-type summary follows every publish (a full one in its own transaction, a
+change once its host's follower sums it), and a
 large fleet's answer, read through the summary's index, is the one the placer gives reading every host: the same
 choice and ranking, stale and cordoned hosts never chosen, the rest counted; a host running the previous release
 (which moves its rows but not its summary) is read from its own rows. On SQLite and PostgreSQL."""

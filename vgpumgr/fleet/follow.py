@@ -90,26 +90,24 @@ class Follower:
 
     def _sum(self, host_id: int, wait: bool) -> bool:
         """True where the sum was done or cannot be (logged: the next heartbeat sums it)."""
-        with self._summing:
-            return self._sum_now(host_id, wait)
-
-    def _sum_now(self, host_id: int, wait: bool) -> bool:
         from vgpumgr.fleet import writes
 
-        started = time.perf_counter()
-        try:
-            with self._open().begin() as s:
-                if not wait and not writes.try_lock_host(s, host_id):
-                    return False
-                if wait:
-                    s.execute(text("SET LOCAL lock_timeout = '10s'"))  # an exit waits no longer for a stuck holder
-                    writes.lock_host(s, host_id)
-                writes.refresh_types(s, host_id)
-        except Exception as exc:  # noqa: BLE001 - off the change's path: its host is read from its rows meanwhile
-            log.warning("fleet: could not sum this host's summary after a change (%s); the heartbeat sums it", exc)
+        with self._summing:
+            started = time.perf_counter()
+            try:
+                with self._open().begin() as s:
+                    if not wait and not writes.try_lock_host(s, host_id):
+                        return False
+                    if wait:
+                        s.execute(text("SET LOCAL lock_timeout = '10s'"))  # an exit waits no longer for a holder
+                        writes.lock_host(s, host_id)
+                    writes.refresh_types(s, host_id)
+            except Exception as exc:  # noqa: BLE001 - off the change's path: its host is read from its rows
+                log.warning("fleet: could not sum this host's summary after a change (%s); the heartbeat sums it",
+                            exc)
+                return True
+            self.spent_ms.append((time.perf_counter() - started) * 1000)
             return True
-        self.spent_ms.append((time.perf_counter() - started) * 1000)
-        return True
 
     def _open(self) -> Any:
         from vgpumgr.db.session import make_engine, session_factory
@@ -122,9 +120,8 @@ class Follower:
     def close(self) -> None:
         """Its connection closed, where its thread is not running (a later sum opens another)."""
         with self._cond:
-            if self._thread is None and self._engine is not None:
-                self._engine.dispose()
-                self._engine = None
+            if self._thread is None:
+                self._close()
 
     def _close(self) -> None:
         """With self._cond held: the thread ends, its connection closes."""

@@ -144,10 +144,10 @@ class Publisher:
                 writes.write_counts(s, host_id, counts_only, gpu_count, vgpus, host=False)
             if not writes.write_host(s, host_id, self.facts(), gpus=gpu_count, vgpus=vgpus):
                 writes.refresh_types(s, host_id)  # a change left it behind, and no GPU's rows were written
-        elif writes.write_counts(s, host_id, counts_only, gpu_count, vgpus) and self.follower is not None:
+        elif writes.write_counts(s, host_id, counts_only, gpu_count, vgpus) and (follower := self.follower):
             # the usual change: GPUs this process published before, one statement on PostgreSQL that takes the
             # host's lock first (one round trip); the host's summary is summed after the commit
-            s.info.setdefault(_ON_COMMIT, []).append(lambda: self.follower.due(host_id))  # type: ignore[union-attr]
+            s.info.setdefault(_ON_COMMIT, []).append(lambda: follower.due(host_id))
         spent = time.perf_counter() - started
         self.last_ms = spent * 1000
         if self.observe is not None:
