@@ -18,7 +18,7 @@ scripts/bench_fleet_density.py): (c) >= (b) summed over the traces, and (c) with
 Within 5 % counts as met only where proved against hi; "unproved" where (c) is within 5 % of lo but not of hi.
 The gain over (b) is still printed.
 
-    python3 scripts/bench_mixed.py [--seeds 2] [--events 240] [--budget 20000] [--decisive]
+    python3 scripts/bench_mixed.py [--seeds 2] [--events 240] [--budget 20000] [--decisive [--odds 2000]]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,24 +53,30 @@ def trace(region: int, mix: str, seed: int, events: int) -> list[Event]:
     """Arrivals and departures (60 % arrivals once the GPUs are in use, so they saturate): "even" draws every
     size alike, "large" favours the largest and smallest sizes, "one" is a single size."""
     rng = random.Random(f"{region}-{mix}-{seed}")
-    sizes = SIZES[region]
-    if mix == "one":
-        weights = [1 if s == sizes[1] else 0 for s in sizes]
-    elif mix == "large":
-        weights = [2, 2, 1, 1, 2, 3, 3][:len(sizes)]
-    else:
-        weights = [1] * len(sizes)
+    sizes, weights = SIZES[region], _weights(region, mix)
     out: list[Event] = []
     live: list[int] = []
     vm = 0
     for _ in range(events):
-        if live and rng.random() > 0.6:
+        if live and rng.random() > ARRIVING:
             out.append(("leave", live.pop(rng.randrange(len(live))), 0))
         else:
             vm += 1
             out.append(("arrive", vm, rng.choices(sizes, weights)[0]))
             live.append(vm)
     return out
+
+
+ARRIVING = 0.6  # an event's chance to be an arrival (while a VM is present)
+
+
+def _weights(region: int, mix: str) -> list[int]:
+    sizes = SIZES[region]
+    if mix == "one":
+        return [1 if s == sizes[1] else 0 for s in sizes]
+    if mix == "large":
+        return [2, 2, 1, 1, 2, 3, 3][:len(sizes)]
+    return [1] * len(sizes)
 
 
 def slots(region: int) -> dict[int, tuple[int, ...]]:
@@ -476,7 +483,95 @@ def decisive(region: int, events: Sequence[Event], first: int, need: int, budget
     return lo, options
 
 
-def explain(region: int, events: Sequence[Event], first: int, optimum_: int, budget: int) -> str:
+class Masks:
+    """Row (c) on bit masks (a GPU's used GB as the bits of an int), its costs cached per mask: the same choices as
+    vgpumgr_policy (tests/test_bench_mixed_policy.py), fast enough for the odds' hundreds of thousands."""
+
+    def __init__(self, region: int) -> None:
+        self.types: list[tuple[int, tuple[tuple[int, int], ...]]] = []  # each distinct type once, as ids.cost
+        for s in MODEL_SIZES[region]:
+            starts = tuple((p, ((1 << s) - 1) << p) for p in pid.supported(region, s) if p + s <= region)
+            if all((s, starts) != t for t in self.types):
+                self.types.append((s, starts))
+        self.starts = {s: tuple((p, ((1 << s) - 1) << p) for p in pid.supported(region, s)) for s in SIZES[region]}
+        self._counts: dict[int, tuple[int, ...]] = {}
+        self._choice: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+
+    def counts(self, mask: int) -> tuple[int, ...]:
+        """How many of each type still fit side by side (ids.max_count)."""
+        if mask not in self._counts:
+            out = []
+            for s, starts in self.types:
+                n, end = 0, -1
+                for p, span in starts:
+                    if p >= end and not mask & span:
+                        n, end = n + 1, p + s
+                out.append(n)
+            self._counts[mask] = tuple(out)
+        return self._counts[mask]
+
+    def options(self, mask: int, size: int) -> list[tuple[int, int, int]]:
+        """(cost, start, span) of every creatable start, in start order (ids.cost)."""
+        key = (mask, size)
+        if key not in self._choice:
+            before = self.counts(mask)
+            self._choice[key] = [(sum(s * (b - a) for (s, _), b, a in zip(self.types, before, self.counts(
+                mask | span), strict=True)), p, span) for p, span in self.starts[size] if not mask & span]
+        return self._choice[key]
+
+    def place(self, masks: Sequence[int], size: int) -> tuple[int, int, int] | None:
+        """(GPU, start, span) as vgpumgr_policy: the least cost (then the lowest start) on each GPU, then the least
+        cost, the fullest GPU, the first."""
+        best: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+        for i, m in enumerate(masks):
+            found = self.options(m, size)
+            if found:
+                cost, p, span = min(found, key=lambda o: (o[0], o[1]))
+                key = (cost, -m.bit_count(), i)
+                if best is None or key < best[0]:
+                    best = (key, (i, p, span))
+        return None if best is None else best[1]
+
+
+def odds(region: int, mix: str, events: Sequence[Event], k: int, futures: int = 2000, horizon: int = 60
+         ) -> dict[tuple[int, int], list[int]]:
+    """Each (GPU, start) the k-th arrival could take, scored by what row (c) then accepts before its first refusal
+    in each of `futures` random continuations of `horizon` events drawn from the trace's own model (ARRIVING, the
+    mix's size weights, each departure a VM present at random), the same continuations for every choice: what an
+    online placer that knew the model, but not the draw, would weigh."""
+    (_, _, size), gpus = before(events, vgpumgr_policy(region), k)
+    fast = Masks(region)
+    masks = [sum(((1 << s) - 1) << p for p, s, _ in g) for g in gpus]
+    live = [(i, ((1 << s) - 1) << p) for i, g in enumerate(gpus) for p, s, _ in g]
+    rng = random.Random(f"odds-{region}-{mix}-{k}")
+    sizes, weights = SIZES[region], _weights(region, mix)
+    draws = [[(rng.random() <= ARRIVING, rng.choices(sizes, weights)[0], rng.random()) for _ in range(horizon)]
+             for _ in range(futures)]
+    out: dict[tuple[int, int], list[int]] = {}
+    for i, m in enumerate(masks):
+        for _, p, span in fast.options(m, size):
+            scores = []
+            for draw in draws:
+                now, present, n = list(masks), [*live, (i, span)], 0
+                now[i] |= span
+                for arrives, want, pick in draw:
+                    if arrives or not present:
+                        got = fast.place(now, want)
+                        if got is None:
+                            break
+                        now[got[0]] |= got[2]
+                        present.append((got[0], got[2]))
+                        n += 1
+                    else:
+                        gone, freed = present.pop(int(pick * len(present)))
+                        now[gone] &= ~freed
+                scores.append(n)
+            out[i, p] = scores
+    return out
+
+
+def explain(region: int, events: Sequence[Event], first: int, optimum_: int, budget: int, mix: str = "",
+            futures: int = 0) -> str:
     need = -(-95 * optimum_ // 100)
     found = decisive(region, events, first, need, budget)
     if found is None:
@@ -486,9 +581,21 @@ def explain(region: int, events: Sequence[Event], first: int, optimum_: int, bud
     taken = vgpumgr_policy(region)(gpus, size)
     kept = [o for o in options if o[3]]
     cost = next(o[2] for o in options if (o[0], o[1]) == taken)
-    return (f"arrival {k + 1} ({size} GB): (c) takes GPU {taken[0]} at {taken[1]} (cost {cost} GB) and {need} is out "
+    line = (f"arrival {k + 1} ({size} GB): (c) takes GPU {taken[0]} at {taken[1]} (cost {cost} GB) and {need} is out "
             f"of reach; {len(kept)} of its {len(options)} (GPU, start) choices keep it reachable, costing "
             + ", ".join(str(o[2]) for o in sorted(kept, key=lambda o: o[2])) + " GB")
+    if not futures:
+        return line
+    scored = odds(region, mix, events, k, futures)
+    assert Masks(region).place([sum(((1 << s) - 1) << p for p, s, _ in g) for g in gpus], size)[:2] == taken
+    mean = {o: statistics.fmean(v) for o, v in scored.items()}
+    rank = sorted(mean.values(), reverse=True).index(mean[taken]) + 1
+    best = max(((o[0], o[1]) for o in kept), key=lambda o: mean[o])
+    diff = [a - b for a, b in zip(scored[best], scored[taken], strict=True)]
+    return (line + f"\n{'':34} {'odds':22} over {futures} continuations of the trace's own model, arrivals accepted "
+            f"before (c)'s first refusal: (c)'s choice {mean[taken]:.2f} on average, rank {rank} of {len(mean)}; the "
+            f"best that keeps {need} reachable (GPU {best[0]} at {best[1]}) {statistics.fmean(diff):+.2f} +- "
+            f"{statistics.stdev(diff) / futures ** 0.5:.2f} against it (paired, one standard error)")
 
 
 def main() -> int:
@@ -499,6 +606,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the totals (bench_all)")
     ap.add_argument("--decisive", action="store_true",
                     help="on a trace that misses 5 %% of a proved optimum, name (c)'s choice that decided it")
+    ap.add_argument("--odds", type=int, default=0, metavar="N",
+                    help="with --decisive: score each choice there by N random continuations of the trace's model")
     args = ap.parse_args()
     t0 = time.monotonic()
     ok = True
@@ -527,7 +636,8 @@ def main() -> int:
                 print(f"{name:34} {'targets':22} (c)/(b) {gain:+.1f} %, (c)/(d) >= {c / max(hi, 1):.1%}: "
                       + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
                 if args.decisive and lo == hi and verdicts["c>=0.95d"] == "MISSED":
-                    print(f"{name:34} {'decisive choice':22} {explain(region, events, c, hi, args.budget)}")
+                    print(f"{name:34} {'decisive choice':22} "
+                          f"{explain(region, events, c, hi, args.budget, mix, args.odds)}")
                 sums = totals.setdefault(f"{region}-{mix}", [0, 0, 0, 0, 0, 0])
                 for i, v in enumerate((b, c, lo, hi, int(all(v == "met" for v in verdicts.values())),
                                        int(hi < 1.10 * b))):

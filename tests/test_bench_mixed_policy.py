@@ -104,3 +104,25 @@ def test_decisive_choice_is_named(monkeypatch) -> None:  # noqa: ANN001
     assert bench.vgpumgr_policy(48)(bench.before(events, bench.vgpumgr_policy(48), 1)[1], 4) == (0, 12)
     assert {(start, cost) for _, start, cost, kept in options if kept} == {(24, 63)}
     assert min(cost for _, _, cost, _ in options) == 35
+
+
+def test_the_odds_play_row_c_as_the_bench_does() -> None:
+    """The odds' fast row (c) on bit masks picks the same GPU and start as vgpumgr_policy at every arrival of a
+    trace of each model, up to the first refusal; and `odds` scores every choice of an arrival on the same draws."""
+    for region in (48, 80):
+        events = bench.trace(region, "large", 0, 240)
+        fast = bench.Masks(region)
+        compared = 0
+        for _, size, gpus, got in bench._arrivals(events, bench.vgpumgr_policy(region)):
+            mine = fast.place([sum(((1 << s) - 1) << p for p, s, _ in g) for g in gpus], size)
+            assert (mine[:2] if mine else None) == got
+            compared += 1
+            if got is None:
+                break
+        assert compared > 60
+    scored = bench.odds(48, "large", bench.trace(48, "large", 0, 240), 56, futures=30, horizon=40)
+    (_, _, size), gpus = bench.before(bench.trace(48, "large", 0, 240), bench.vgpumgr_policy(48), 56)
+    every = {(i, p) for i, g in enumerate(gpus)
+             for p in bench.pid.creatable(48, bench.pid.supported(48, size), size, [(a, s) for a, s, _ in g])}
+    assert set(scored) == every and all(len(v) == 30 and 0 <= min(v) for v in scored.values())
+    assert len({tuple(v) for v in scored.values()}) > 1  # the choices differ in what follows them
