@@ -197,7 +197,7 @@ def _place_ranked(s: Any, request: fleet_place.FleetRequest, best_fit: bool
         v = migrating.vgpus[0]
         board, driver = v.device_id, v.host_driver
     rows = store.hosts(s, ranked.irregular(s, short, best_fit))
-    apart = {h.name for h in rows}  # judged by the placer from their rows, every reason counted here
+    apart = {h.host_id: h.name for h in rows}  # judged by the placer from their rows, every reason counted here
     groups = store.offer_groups(s, request.type, [h.host_id for h in rows])
     offset, limit, fits = 0, FIRST_BATCH, 0
     while fits < SHOW_GPUS_OF:
@@ -212,11 +212,11 @@ def _place_ranked(s: Any, request: fleet_place.FleetRequest, best_fit: bool
             break
         offset, limit = offset + limit, limit * 2
     d = fleet_place.place(rows, groups, request, migrating, best_fit)
-    c = ranked.counts(s, short, request.count, nvidia, [h.host_id for h in rows if h.name in apart])
+    c = ranked.counts(s, short, request.count, nvidia, list(apart))
     counted = {fleet_place.STALE: c.stale, fleet_place.CORDONED: c.cordoned,
                fleet_place.NOT_OFFERED: c.not_offered, fleet_place.NO_CAPACITY: c.no_capacity}
     for r in d.rejected:  # model-denied, incompatible, source: of the hosts walked (those with room)
-        if r.host in apart or r.code not in (fleet_place.STALE, fleet_place.CORDONED, fleet_place.NOT_OFFERED,
+        if r.host in apart.values() or r.code not in (fleet_place.STALE, fleet_place.CORDONED, fleet_place.NOT_OFFERED,
                                              fleet_place.NO_CAPACITY):
             counted[r.code] = counted.get(r.code, 0) + 1
     counted = {k: n for k, n in counted.items() if n}
